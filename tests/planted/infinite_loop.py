@@ -1,0 +1,8 @@
+"""Planted: never returns. Expected: TIMEOUT."""
+KERNEL_TYPE = "reduce"
+BENCH_SHAPES = [(4, 256)]
+
+
+def kernel_fn(x):
+    while True:
+        pass

@@ -1,0 +1,7 @@
+"""Planted: matmul through torch (cuBLAS), not Triton. Expected reason: torch compute op aten.mm."""
+KERNEL_TYPE = "matmul"
+BENCH_SHAPES = [(16, 16, 16)]
+
+
+def kernel_fn(A, B):
+    return A @ B

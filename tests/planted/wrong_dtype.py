@@ -1,0 +1,22 @@
+"""Planted: returns fp32 for fp16 input. Expected reason: wrong output dtype."""
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "reduce"
+BENCH_SHAPES = [(4, 256)]
+
+
+@triton.jit
+def row_sum_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row, tl.sum(x, axis=0))
+
+
+def kernel_fn(x):
+    M, N = x.shape
+    y = torch.empty((M,), dtype=torch.float32, device=x.device)  # should be x.dtype
+    row_sum_kernel[(M,)](x, y, N, BLOCK=triton.next_power_of_2(N))
+    return y

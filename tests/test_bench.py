@@ -1,0 +1,322 @@
+"""
+The gate (bench.py) judged by its own CLI, on the CPU interpreter.
+
+Every planted bad kernel in tests/planted/ runs through the real `python bench.py` in a temporary
+git repo of its own (the harness files copied in and committed with a good kernel.py; the planted
+file then put in as kernel.py). Each must give its named reason and a non-PASS row, leave a
+results.tsv that pandas reads with the schema's columns, and leave the repo as committed. Then the
+keep/revert decisions, --no-git, and the refusals (dirty harness, malformed results.tsv, no repo).
+
+The ~25 CLI runs (each pays torch's import) run two at a time in one module fixture.
+
+    uv run pytest tests/test_bench.py
+"""
+import concurrent.futures
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import autokernel
+
+PLANTED = Path(__file__).resolve().parent / "planted"
+GOOD = PLANTED / "good_reduce.py"
+REPO_FILES = ["bench.py", "autokernel.py", "reference.py", "prepare.py", ".gitignore"]
+# Hermetic git: no user/system config (hooks, signing), a fixed identity.
+GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
+               GIT_AUTHOR_NAME="bench test", GIT_AUTHOR_EMAIL="bench@test",
+               GIT_COMMITTER_NAME="bench test", GIT_COMMITTER_EMAIL="bench@test")
+
+# planted file -> (extra CLI args, expected correctness, a phrase the reason must contain)
+PLANTED_CASES = {
+    "syntax_error": ([], "FAIL", "syntax error"),
+    "import_error": ([], "FAIL", "import error"),
+    "missing_kernel_fn": ([], "FAIL", "defines no kernel_fn"),
+    "missing_kernel_type": ([], "FAIL", "defines no KERNEL_TYPE"),
+    "unknown_type": ([], "FAIL", "unknown KERNEL_TYPE 'conv3d'"),
+    "wrong_shape": ([], "FAIL", "wrong output shape (4, 1), expected (4,)"),
+    "wrong_dtype": ([], "FAIL", "wrong output dtype float32, expected float16"),
+    "nan_output": ([], "FAIL", "output has NaN"),
+    "wrong_non_pow2": ([], "FAIL", "wrong values at 16x1000"),
+    "unwritten": ([], "FAIL", "elements left unwritten (1 of 4)"),
+    "infinite_loop": (["--timeout", "5"], "TIMEOUT", "exceeded the 5 s wall-clock limit"),
+    "abort": ([], "CRASH", "SIGABRT"),
+    "out_of_memory": ([], "FAIL", "out of memory"),
+    "torch_softmax": ([], "FAIL", "called torch compute op aten._softmax"),
+    "torch_matmul": ([], "FAIL", "called torch compute op aten.mm"),
+    "cached_result": ([], "FAIL", "cached from an earlier call"),
+    "returns_input": ([], "FAIL", "returned its input x"),
+    "writes_input": ([], "FAIL", "modified its input x"),
+    "nondeterministic": ([], "FAIL", "non-deterministic"),
+}
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, env=GIT_ENV, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def make_repo(path, init_git=True):
+    """The harness and a good kernel.py, committed: what a user's checkout looks like."""
+    path.mkdir(parents=True)
+    for name in REPO_FILES:
+        if (autokernel.ROOT / name).exists():
+            shutil.copy(autokernel.ROOT / name, path / name)
+    shutil.copy(GOOD, path / "kernel.py")
+    if init_git:
+        git(path, "init", "-q")
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", "init")
+    return path
+
+
+def run_bench(repo, *args, timeout=300):
+    proc = subprocess.run([sys.executable, "bench.py", *args], cwd=repo, env=GIT_ENV,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    keys = {}
+    for line in lines:
+        key, sep, value = line.partition(": ")
+        if sep and key.replace("_", "").isalnum():
+            keys[key] = value
+    return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "keys": keys, "last_line": lines[-1] if lines else ""}
+
+
+def snapshot(repo):
+    """What a test asserts about the repo after a run."""
+    results = repo / "results.tsv"
+    return {"status": git(repo, "status", "--porcelain"),
+            "commits": int(git(repo, "rev-list", "--count", "HEAD")),
+            "head_message": git(repo, "log", "-1", "--format=%s").strip(),
+            "kernel": (repo / "kernel.py").read_text(),
+            "committed_kernel": git(repo, "show", "HEAD:kernel.py"),
+            "results": pd.read_csv(results, sep="\t", keep_default_na=False)
+            if results.exists() else None}
+
+
+def set_kept_latency(results, latency_us):
+    """Pretend the kept row was this fast (the next identical kernel is then slower)."""
+    with open(results, newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    column = rows[0].index("latency_us")
+    for row in rows[1:]:
+        row[column] = str(latency_us)
+    with open(results, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", lineterminator="\n").writerows(rows)
+
+
+def variant(text, n):
+    return text + f"\n# variant {n}\n"
+
+
+# ---- scenarios (each in its own repo; run concurrently by the fixture) ----------------------
+
+def planted_scenario(root, name):
+    repo = make_repo(root / name)
+    shutil.copy(PLANTED / f"{name}.py", repo / "kernel.py")
+    extra = PLANTED_CASES[name][0]
+    run = run_bench(repo, "--timeout", "120", *extra, "-m", f"planted {name}")
+    return {"run": run, **snapshot(repo)}
+
+
+def keep_then_revert_scenario(root):
+    repo = make_repo(root / "keep_then_revert")
+    good = GOOD.read_text()
+    (repo / "kernel.py").write_text(variant(good, 1))
+    first = run_bench(repo, "-m", 'faster "tiles"\twith a tab\nand a newline')
+    after_first = snapshot(repo)
+    set_kept_latency(repo / "results.tsv", 0.001)  # the kept version was "much faster"
+    (repo / "kernel.py").write_text(variant(good, 2))
+    second = run_bench(repo, "-m", "slower")
+    return {"first": first, "after_first": after_first, "second": second, **snapshot(repo)}
+
+
+def no_git_scenario(root):
+    repo = make_repo(root / "no_git")
+    (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
+    run = run_bench(repo, "--no-git")
+    return {"run": run, **snapshot(repo)}
+
+
+def dirty_reference_scenario(root):
+    repo = make_repo(root / "dirty_reference")
+    with open(repo / "reference.py", "a") as f:
+        f.write("\n# an agent 'fixed' the oracle\n")
+    shutil.copy(PLANTED / "wrong_dtype.py", repo / "kernel.py")
+    run = run_bench(repo)
+    return {"run": run, **snapshot(repo)}
+
+
+MALFORMED = "experiment\ttag\tlatency\n1\tsoftmax\n"
+
+
+def malformed_results_scenario(root):
+    repo = make_repo(root / "malformed_results")
+    (repo / "results.tsv").write_text(MALFORMED)
+    shutil.copy(PLANTED / "wrong_dtype.py", repo / "kernel.py")
+    run = run_bench(repo)
+    return {"run": run, "results_text": (repo / "results.tsv").read_text(),
+            "status": git(repo, "status", "--porcelain"),
+            "kernel": (repo / "kernel.py").read_text()}
+
+
+def not_a_repo_scenario(root):
+    repo = make_repo(root / "not_a_repo", init_git=False)
+    run = run_bench(repo)
+    return {"run": run, "results_exists": (repo / "results.tsv").exists()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    jobs = {f"planted:{name}": (planted_scenario, root, name) for name in PLANTED_CASES}
+    jobs.update({name: (fn, root) for name, fn in [
+        ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
+        ("dirty_reference", dirty_reference_scenario),
+        ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario)]})
+    # Longest first, so the two workers finish together.
+    order = ["keep_then_revert", "no_git"] + [k for k in jobs if k not in ("keep_then_revert",
+                                                                           "no_git")]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(jobs[name][0], *jobs[name][1:]) for name in order}
+        return {name: future.result() for name, future in futures.items()}
+
+
+# ---- tests ----------------------------------------------------------------------------------
+
+def assert_schema(results):
+    assert list(results.columns) == autokernel.RESULTS_COLUMNS
+
+
+@pytest.mark.parametrize("name", list(PLANTED_CASES))
+def test_planted_kernel_is_rejected_with_a_named_reason(runs, name):
+    _, correctness, phrase = PLANTED_CASES[name]
+    r = runs[f"planted:{name}"]
+    run = r["run"]
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["keys"]["correctness"] == correctness, run["stdout"]
+    assert phrase in run["keys"]["reason"], run["stdout"]
+    assert run["last_line"].startswith("verdict: REVERT"), run["stdout"]
+    assert "Traceback" not in run["stdout"]
+    # one non-PASS row, with the reason, in a file pandas reads with the schema's columns
+    assert_schema(r["results"])
+    assert len(r["results"]) == 1
+    row = r["results"].iloc[0]
+    assert (row["correctness"], row["status"]) == (correctness, "revert")
+    assert phrase in row["reason"]
+    assert row["description"] == f"planted {name}"
+    assert row["device"] == "cpu-interpreter" and row["latency_us"] == ""
+    # reverted: kernel.py is the committed one again, nothing else touched, no new commit
+    assert r["kernel"] == r["committed_kernel"] == GOOD.read_text()
+    assert r["status"] == ""
+    assert r["commits"] == 1
+
+
+def test_good_kernel_is_kept_with_one_commit(runs):
+    r = runs["keep_then_revert"]
+    run, after = r["first"], r["after_first"]
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    keys = run["keys"]
+    assert keys["correctness"] == "PASS" and keys["status"] == "keep", run["stdout"]
+    for number, stage in enumerate(("smoke", "sweep", "stability", "determinism", "edge"), 1):
+        assert keys[f"stage_{number}_{stage}"].startswith("PASS"), run["stdout"]
+    assert run["last_line"].startswith("verdict: KEEP reduce"), run["stdout"]
+    assert "timings not meaningful" in run["last_line"]
+    assert after["commits"] == 2 and after["status"] == ""
+    assert after["head_message"].startswith("bench: keep reduce exp 1:")
+    assert after["committed_kernel"] == variant(GOOD.read_text(), 1)
+    row = after["results"].iloc[0]
+    assert_schema(after["results"])
+    assert (row["correctness"], row["status"], row["tag"], row["kernel_type"]) == \
+        ("PASS", "keep", "reduce", "reduce")
+    assert row["commit"] == keys["commit"] and len(row["commit"]) >= 7
+    assert (row["shape"], row["dtype"], row["experiment"]) == ("4x256", "fp16", 1)
+    assert float(row["latency_us"]) > 0 and row["timing_valid"] in (False, "False")
+    # tabs and newlines sanitized, quotes kept: the description survives the round trip
+    assert row["description"] == 'faster "tiles" with a tab and a newline'
+
+
+def test_slower_than_best_is_reverted(runs):
+    r = runs["keep_then_revert"]
+    run = r["second"]
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert"
+    assert "not faster than best kept" in run["last_line"]
+    assert r["commits"] == 2 and r["status"] == ""
+    assert r["kernel"] == variant(GOOD.read_text(), 1)  # back to the kept version
+    assert list(r["results"]["status"]) == ["keep", "revert"]
+    assert list(r["results"]["experiment"]) == [1, 2]
+
+
+def test_no_git_judges_without_touching_git(runs):
+    r = runs["no_git"]
+    run = r["run"]
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["keys"]["status"] == "judged" and run["keys"]["correctness"] == "PASS"
+    assert run["last_line"].startswith("verdict: JUDGED reduce")
+    assert r["commits"] == 1
+    assert r["status"].strip() == "M kernel.py"  # the edit is left for the user
+    assert r["results"].iloc[0]["status"] == "judged"
+
+
+def assert_one_line_refusal(run, *phrases):
+    assert run["rc"] == 2, run["stdout"] + run["stderr"]
+    message = run["stderr"].strip()
+    assert "\n" not in message and message.startswith("bench.py: error:"), message
+    for phrase in phrases:
+        assert phrase in message
+
+
+def test_modified_reference_makes_bench_refuse(runs):
+    r = runs["dirty_reference"]
+    assert_one_line_refusal(r["run"], "reference.py", "differs from HEAD")
+    assert r["results"] is None  # no row
+    assert r["kernel"] == (PLANTED / "wrong_dtype.py").read_text()  # nothing reverted
+    assert r["commits"] == 1
+
+
+def test_malformed_results_tsv_is_refused_and_left_untouched(runs):
+    r = runs["malformed_results"]
+    assert_one_line_refusal(r["run"], "results.tsv", "malformed")
+    assert r["results_text"] == MALFORMED
+    assert r["kernel"] == (PLANTED / "wrong_dtype.py").read_text()
+
+
+def test_not_a_git_repo_suggests_no_git(runs):
+    r = runs["not_a_repo"]
+    assert_one_line_refusal(r["run"], "not a git repository", "--no-git")
+    assert not r["results_exists"]
+
+
+# ---- in-process pieces (no subprocess) ------------------------------------------------------
+
+def test_check_in_process_names_the_failing_stage():
+    import bench
+    module = autokernel.load_module(PLANTED / "wrong_non_pow2.py")
+    result = bench.check(module)
+    assert result["correctness"] == "FAIL" and result["failed_stage"] == "sweep"
+    assert result["stages"]["smoke"] == "PASS" and result["stages"]["edge"] == "skipped"
+    assert result["reason"].startswith("sweep: wrong values at 16x1000")
+
+
+def test_usage_errors_exit_2():
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--margin", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--margin" in proc.stderr
+
+
+def test_read_results_rejects_ragged_rows(tmp_path):
+    import bench
+    path = tmp_path / "results.tsv"
+    columns = autokernel.RESULTS_COLUMNS
+    path.write_text("\t".join(columns) + "\n" + "\t".join(["1"] * (len(columns) - 1)) + "\n")
+    with pytest.raises(bench.Refusal, match="line 2 has"):
+        bench.read_results(path, columns)
