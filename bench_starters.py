@@ -1,0 +1,451 @@
+"""
+The starter kernels (kernels/<type>.py) against PyTorch on this GPU, side by side: issue 3's
+"one command".
+
+    python3 bench_starters.py                                  # all nine types
+    python3 bench_starters.py --types softmax,matmul --out starters.md
+    python3 bench_starters.py --compile-mode max-autotune      # with CUDA graphs (slower compile)
+    python3 bench_starters.py --no-compile
+
+For each type, at its GPU primary shape (fp16) plus the extra rows of DESIGN.md's "bar to beat"
+table (EXTRA_CASES below), one child process per type: checks the starter against the fp64 oracle
+(a wrong kernel gets no speed number), then times the starter, eager PyTorch, the library baseline
+and torch.compile with triton.testing.do_bench medians (L2 flushed). A crash, hang or failed
+compile costs one row, never the run: the child reports each phase as it goes, the parent marks
+the row that died and starts a new child for the rest.
+
+Prints a markdown table (time, GB/s or TFLOP/s, % of the ceilings prepare.py measured, ratios vs
+eager / compile / library, and issue 3's goal per row) and writes it to --out (.md) plus the same
+data as JSON (.json beside it). On a CPU it runs the tiny CPU shapes through Triton's interpreter
+without torch.compile: a test of the plumbing, not a benchmark.
+"""
+import autokernel  # first: loads the stdlib `profile` before our profile.py can shadow it
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import prepare
+import reference
+from autokernel import CUDA, DEVICE, KERNEL_TYPES
+
+# DESIGN.md's "bar to beat" rows beyond each type's primary shape (GPU only): (shape, dtype).
+EXTRA_CASES = {
+    "softmax": [((4096, 50257), "fp16")],
+    "cross_entropy": [((4096, 128256), "fp16")],
+    "matmul": [((8192, 8192, 8192), "fp16"), ((8192, 8192, 8192), "bf16")],
+    "flash_attention": [((1, 32, 4096, 64), "fp16")],
+}
+# Issue 3's goals. Compute-bound types: (baseline, the speedup over it the starter must reach).
+GOALS = {"matmul": ("library", 0.9), "flash_attention": ("library", 1.0),
+         "fused_mlp": ("eager", 1.0)}
+MEMORY_GOAL_PCT = 90.0  # memory-bound: >= this % of measured copy bandwidth and faster than compile
+COMPILE_MODE = "max-autotune-no-cudagraphs"  # max-autotune's CUDA graphs add minutes of compile
+BASELINES = ("eager", "library", "compile")
+DEFAULT_OUT = autokernel.WORKSPACE / "bench_starters.md"
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def bench_cases(ktype):
+    """(shape, dtype name) rows for one type: the primary shape in fp16, then the extras."""
+    cases = [(tuple(ktype.shapes("primary")), "fp16")]
+    return cases + (EXTRA_CASES.get(ktype.name, []) if CUDA else [])
+
+
+def new_row(ktype, shape, dtype, kernel_file):
+    return {"kernel": ktype.name, "file": str(kernel_file), "shape": list(shape),
+            "shape_str": ktype.shape_str(shape), "dtype": dtype, "phase": "queued",
+            "status": None, "reason": "", "max_abs_err": None, "starter_us": None,
+            **{f"{what}_us": None for what in BASELINES}, "library": None, "compile_mode": None,
+            "compile_s": None}
+
+
+# ---------------------------------------------------------------------------------------------
+# The child: one kernel type, its rows in a JSON file it rewrites after every phase
+# ---------------------------------------------------------------------------------------------
+
+def load_starter(ktype, kernel_file):
+    """(module, None) or (None, why not)."""
+    if not Path(kernel_file).exists():
+        return None, f"missing {kernel_file}"
+    try:
+        module = autokernel.load_module(kernel_file)
+    except Exception as exc:  # noqa: BLE001  (a broken starter is a row, not a dead run)
+        return None, f"import failed: {prepare.one_line(exc)}"
+    if getattr(module, "KERNEL_TYPE", None) != ktype.name:
+        return None, f"KERNEL_TYPE is {getattr(module, 'KERNEL_TYPE', None)!r}, not {ktype.name!r}"
+    if not callable(getattr(module, "kernel_fn", None)):
+        return None, "no kernel_fn"
+    if getattr(module, "BACKEND", "triton") == "cuda" and not CUDA:
+        return None, "BACKEND is cuda: needs a GPU"
+    return module, None
+
+
+def check_output(ktype, module, inputs):
+    """(ok, reason, max_abs_err) of the starter's output against the fp64 oracle."""
+    out = module.kernel_fn(**inputs)
+    if CUDA:
+        torch.cuda.synchronize()
+    ref = ktype.reference(**inputs)
+    if not isinstance(out, torch.Tensor):
+        return False, f"kernel_fn returned {type(out).__name__}, not a tensor", None
+    if out.shape != ref.shape or out.dtype != ref.dtype:
+        return False, (f"output {tuple(out.shape)} {out.dtype}, expected {tuple(ref.shape)} "
+                       f"{ref.dtype}"), None
+    dtype = inputs[ktype.args[0]].dtype
+    mask, atol = autokernel.mismatches(out, ref, dtype)  # the gate's own rule
+    bad = int(mask.sum())
+    err = float((out.double() - ref.double()).abs().max()) if out.numel() else 0.0
+    if bad:
+        return False, (f"{bad} of {out.numel()} elements off (rtol "
+                       f"{autokernel.tolerance(dtype):g}, atol {atol:.3g}, max err {err:.3g})"), err
+    return True, "", err
+
+
+def cuda_alive():
+    if not CUDA:
+        return True
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def measure_row(ktype, module, why_not, row, compile_mode, save):
+    """Fill one row in place, phase by phase, calling save() at each step so a crash or hang
+    leaves behind everything measured before it."""
+    def phase(name):
+        row["phase"] = name
+        save()
+
+    label = f"[{ktype.name} {row['shape_str']} {row['dtype']}]"
+    shape, dtype = tuple(row["shape"]), autokernel.DTYPES[row["dtype"]]
+    phase("inputs")
+    try:
+        inputs = ktype.inputs(shape, dtype, DEVICE)
+    except Exception as exc:  # noqa: BLE001  (out of memory, most likely)
+        row.update(status="ERROR", reason=f"making inputs: {prepare.one_line(exc)}")
+        phase("done")
+        return
+    if module is None:
+        row.update(status="MISSING", reason=why_not)
+        log(f"{label} starter: {why_not}")
+    else:
+        phase("check")
+        try:
+            ok, reason, row["max_abs_err"] = check_output(ktype, module, inputs)
+            row.update(status="PASS" if ok else "FAIL", reason=reason)
+            log(f"{label} check {row['status']}" + (f": {reason}" if reason else
+                                                    f" (max err {row['max_abs_err']:.3g})"))
+            if ok:
+                phase("starter")
+                row["starter_us"] = prepare.time_us(lambda: module.kernel_fn(**inputs))
+                log(f"{label} starter {row['starter_us']:,.1f} us")
+        except Exception as exc:  # noqa: BLE001
+            row.update(status="ERROR", reason=prepare.one_line(exc), starter_us=None)
+            log(f"{label} starter raised {row['reason']}")
+            if not cuda_alive():  # e.g. an illegal address: nothing else can run in this process
+                row["reason"] += " (CUDA context lost: this row's baselines not measured)"
+                phase("done")
+                os._exit(70)  # the parent starts a fresh child for the rows still queued
+        if CUDA:
+            torch.cuda.empty_cache()  # the fp64 oracle's buffers, before timing the baselines
+    for what in BASELINES:
+        if what == "library" and ktype.name not in reference.LIBRARY:
+            continue
+        if what == "compile" and not compile_mode:
+            row["compile_error"] = "skipped" + ("" if CUDA else " on CPU")
+            continue
+        phase(what)
+        if what == "compile":
+            log(f"{label} torch.compile(mode={compile_mode!r}) ...")
+            us, seconds, error = prepare.compile_and_time(prepare.eager_function(ktype), inputs,
+                                                          compile_mode)
+            row.update(compile_mode=compile_mode, compile_s=seconds)
+        else:
+            fn = prepare.eager_function(ktype)
+            if what == "library":
+                row["library"], fn = reference.LIBRARY[ktype.name]
+            us, error = None, None
+            try:
+                us = prepare.time_us(lambda: fn(**inputs))
+            except Exception as exc:  # noqa: BLE001
+                error = prepare.one_line(exc)
+        row[f"{what}_us"] = us
+        if error:
+            row[f"{what}_error"] = error
+        extra = f" (compiled in {row['compile_s']:.0f} s)" if what == "compile" and us else ""
+        log(f"{label} {what} " + (f"failed: {error}" if error else f"{us:,.1f} us{extra}"))
+    del inputs
+    if CUDA:
+        torch.cuda.empty_cache()
+    phase("done")
+
+
+def worker(type_name, rows_path, kernels_dir, compile_mode):
+    ktype = KERNEL_TYPES[type_name]
+    rows = json.loads(Path(rows_path).read_text())
+
+    def save():
+        tmp = Path(f"{rows_path}.tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        os.replace(tmp, rows_path)
+
+    module, why_not = load_starter(ktype, Path(kernels_dir) / f"{type_name}.py")
+    for row in rows:
+        if row["phase"] == "queued":
+            measure_row(ktype, module, why_not, row, compile_mode, save)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: one child per type, restarted after a crash for the rows still queued
+# ---------------------------------------------------------------------------------------------
+
+def run_child(cmd, timeout_s, stderr_path):
+    """Run cmd in its own process group; returns (None, None) when it exits 0, else
+    ("CRASH" or "TIMEOUT", why). On timeout the whole group goes (inductor's compile workers
+    included)."""
+    with open(stderr_path, "w") as err:
+        child = subprocess.Popen(cmd, stderr=err, start_new_session=True)
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return "TIMEOUT", f"TIMEOUT: no result after {timeout_s:.0f} s"
+    if child.returncode == 0:
+        return None, None
+    tail = [line for line in Path(stderr_path).read_text(errors="replace").splitlines()
+            if line.strip()]
+    if child.returncode < 0:
+        why = f"killed by {signal.Signals(-child.returncode).name}"
+    else:
+        why = f"exit code {child.returncode}"
+    return "CRASH", f"CRASH: child {why}" + (f": {tail[-1].strip()[:200]}" if tail else "")
+
+
+def bury(row, status, why):
+    """A row whose child died mid-way: keep what was measured, say where it died."""
+    died_in = row["phase"]
+    row["phase"] = "done"
+    if died_in in BASELINES and row["status"] is not None:  # the starter was judged already
+        row[f"{died_in}_error"] = why
+    else:
+        row.update(status=status, reason=f"{why} (during {died_in})", starter_us=None)
+
+
+def bench_type(ktype, kernels_dir, compile_mode, timeout_s, workdir):
+    kernel_file = Path(kernels_dir) / f"{ktype.name}.py"
+    rows = [new_row(ktype, shape, dtype, kernel_file) for shape, dtype in bench_cases(ktype)]
+    rows_path = Path(workdir) / f"{ktype.name}.json"
+
+    def queued():
+        return sum(row["phase"] == "queued" for row in rows)
+
+    while queued():
+        before = queued()
+        rows_path.write_text(json.dumps(rows, indent=1))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", ktype.name,
+               "--rows", str(rows_path), "--kernels-dir", str(kernels_dir),
+               "--compile-mode", compile_mode or "none"]
+        status, why = run_child(cmd, timeout_s * before, Path(workdir) / f"{ktype.name}.stderr")
+        try:
+            rows = json.loads(rows_path.read_text())
+        except (OSError, ValueError):
+            pass  # the child died before writing: rows stay as they were
+        for row in rows:
+            if row["phase"] not in ("queued", "done"):  # the row it died in
+                bury(row, status or "CRASH", why or "CRASH: child stopped mid-row")
+        if queued() == before:  # died before starting a row (an import error?): no progress
+            for row in rows:
+                if row["phase"] == "queued":
+                    bury(row, status or "CRASH", why or "CRASH: child skipped the row")
+        if why:
+            log(f"[{ktype.name}] {why}")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Judging and the table
+# ---------------------------------------------------------------------------------------------
+
+def _ratio(baseline_us, starter_us):
+    return baseline_us / starter_us if baseline_us and starter_us else None
+
+
+def judge(ktype, row, ceilings):
+    """Derived numbers and issue 3's goal for one finished row (added to the row)."""
+    shape, dtype = tuple(row["shape"]), row["dtype"]
+    row.update({f"x_{what}": _ratio(row[f"{what}_us"], row["starter_us"]) for what in BASELINES})
+    row.update(gb_s=None, tflops=None, pct_ceiling=None, goal_met=None)
+    if row["starter_us"] is None:
+        row["goal"] = f"NOT met ({row['status'] or 'no result'})"
+        row["goal_met"] = False
+        return row
+    tflops = ceilings.get("tflops") or {}
+    roof = autokernel.roofline(ktype, shape, autokernel.DTYPES[dtype], row["starter_us"],
+                               {"bandwidth_gb_s": ceilings.get("bandwidth_gb_s"),
+                                "tflops": tflops.get(dtype)})
+    row.update(gb_s=roof["bandwidth_gb_s"], tflops=roof["throughput_tflops"],
+               pct_ceiling=None if math.isnan(roof["pct_peak"]) else roof["pct_peak"])
+    if not autokernel.TIMING_MEANINGFUL:
+        row["goal"] = "n/a (CPU timings)"
+        return row
+    if ktype.name in GOALS:
+        baseline, target = GOALS[ktype.name]
+        ratio = row[f"x_{baseline}"]
+        if ratio is None:
+            row["goal"] = f"unknown (no {baseline} time)"
+            return row
+        row["goal_met"] = ratio >= target
+        row["goal"] = (f"{'met' if row['goal_met'] else 'NOT met'}: {ratio:.2f}x {baseline} "
+                       f"(>= {target})")
+        return row
+    bandwidth = ceilings.get("bandwidth_gb_s")
+    pct_bw = 100 * row["gb_s"] / bandwidth if bandwidth else None
+    if pct_bw is None or row["x_compile"] is None:
+        row["goal"] = f"unknown (no {'copy bandwidth' if pct_bw is None else 'compile time'})"
+        return row
+    row["goal_met"] = pct_bw >= MEMORY_GOAL_PCT and row["x_compile"] > 1.0
+    row["goal"] = (f"{'met' if row['goal_met'] else 'NOT met'}: {pct_bw:.0f}% of copy "
+                   f"(>= {MEMORY_GOAL_PCT:.0f}), {row['x_compile']:.2f}x compile (> 1)")
+    return row
+
+
+def _cell(value, fmt="{:,.1f}", missing="-"):
+    return missing if value is None else fmt.format(value)
+
+
+def markdown(rows, meta):
+    ceilings = meta["ceilings"]
+    lines = [f"# Starter kernels vs PyTorch on {meta['gpu']}", ""]
+    if not meta["timing_meaningful"]:
+        lines += ["**CPU mode (Triton interpreter): timings are NOT meaningful; this run tests the "
+                  "plumbing only.**", ""]
+    tflops = ceilings.get("tflops") or {}
+    timer = ("do_bench medians in us (L2 flushed)" if meta["timing_meaningful"]
+             else "CPU wall-clock medians in us")
+    lines += [f"torch {meta['torch']}, triton {meta['triton']}; times are {timer}; "
+              f"torch.compile mode={meta['compile_mode'] or 'not run'} (static shapes).",
+              "Measured ceilings (prepare.py): copy "
+              f"{_cell(ceilings.get('bandwidth_gb_s'), '{:,.0f}')} GB/s; matmul TFLOP/s "
+              + (", ".join(f"{k} {v:,.1f}" for k, v in tflops.items()) or "-")
+              + f". Datasheet ({ceilings['spec']['name']}): "
+              f"{_cell(ceilings['spec']['fp16_tflops'])} TFLOP/s fp16, "
+              f"{_cell(ceilings['spec']['bandwidth_gb_s'], '{:,.0f}')} GB/s.",
+              "Ratios are baseline time / starter time (> 1: the starter is faster). Goals (issue "
+              f"3): memory-bound >= {MEMORY_GOAL_PCT:.0f}% of copy bandwidth and faster than "
+              "compile; " + "; ".join(f"{k} >= {t}x {b}" for k, (b, t) in GOALS.items()) + ".", "",
+              "| kernel | shape | dtype | starter us | eager us | compile us | library us | "
+              "achieved | % ceiling | vs eager | vs compile | vs library | goal |",
+              "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    notes = []
+    for row in rows:
+        starter = _cell(row["starter_us"], missing=row["status"] or "-")
+        memory_bound = KERNEL_TYPES[row["kernel"]].bound == "memory"
+        achieved = (_cell(row["gb_s"], "{:,.0f} GB/s") if memory_bound
+                    else _cell(row["tflops"], "{:,.1f} TFLOP/s"))
+        library = (f"{_cell(row['library_us'])} ({row['library']})" if row["library"] else "-")
+        lines.append("| " + " | ".join([
+            row["kernel"], row["shape_str"], row["dtype"], starter, _cell(row["eager_us"]),
+            _cell(row["compile_us"]), library, achieved, _cell(row["pct_ceiling"], "{:.0f}%"),
+            *(_cell(row[f"x_{what}"], "{:.2f}x") for what in ("eager", "compile", "library")),
+            row["goal"]]) + " |")
+        label = f"{row['kernel']} {row['shape_str']} {row['dtype']}"
+        if row["reason"]:
+            notes.append(f"- {label}: {row['status']}: {row['reason']}")
+        notes += [f"- {label}: {what}: {row[f'{what}_error']}" for what in BASELINES
+                  if row.get(f"{what}_error") and not row[f"{what}_error"].startswith("skipped")]
+    if notes:
+        lines += ["", "Notes:", *notes]
+    lines += ["", f"Total time {meta['seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--types", default="", help="comma-separated kernel types (default all)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT),
+                        help="markdown file to write (the JSON goes beside it, .json)")
+    parser.add_argument("--compile-mode", default=COMPILE_MODE,
+                        help=f"torch.compile mode (default {COMPILE_MODE}; 'none' skips it)")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds allowed per row before its child is killed (default 300)")
+    parser.add_argument("--kernels-dir", default=str(autokernel.KERNELS_DIR),
+                        help="where <type>.py starters live (default kernels/)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the child process
+    parser.add_argument("--rows", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    compile_mode = None if args.no_compile or args.compile_mode == "none" or not CUDA \
+        else args.compile_mode
+    if args.worker:
+        return worker(args.worker, args.rows, args.kernels_dir, compile_mode)
+    try:
+        types = prepare.parse_types(args.types)
+    except ValueError as exc:
+        parser.exit(2, f"bench_starters.py: error: {exc}\n")
+    if not Path(args.kernels_dir).is_dir():
+        parser.exit(2, f"bench_starters.py: error: {args.kernels_dir} is not a directory\n")
+
+    start = time.perf_counter()
+    try:
+        ceilings = prepare.ensure_ceilings(log=log)
+    except Exception as exc:  # noqa: BLE001  (the table is still worth having without them)
+        log(f"bench_starters: measuring the ceilings failed ({prepare.one_line(exc)}); "
+            "the % ceiling column stays empty")
+        ceilings = prepare.load_ceilings()
+    device = prepare.device_identity()
+    meta = {"gpu": device["name"] if CUDA else f"CPU ({device['cpu_model']})",
+            "torch": device["torch"], "triton": device["triton"], "compile_mode": compile_mode,
+            "timing_meaningful": autokernel.TIMING_MEANINGFUL, "ceilings": ceilings,
+            "timestamp": prepare.now()}
+    log(f"bench_starters: {', '.join(types)} on {meta['gpu']}; torch.compile "
+        f"mode={compile_mode or 'not run'}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_starters_") as workdir:
+        for name in types:
+            ktype = KERNEL_TYPES[name]
+            type_start = time.perf_counter()
+            rows += [judge(ktype, row, ceilings) for row in
+                     bench_type(ktype, args.kernels_dir, compile_mode, args.timeout, workdir)]
+            log(f"[{name}] done in {time.perf_counter() - type_start:.0f} s")
+    meta["seconds"] = time.perf_counter() - start
+    table = markdown(rows, meta)
+    print("\n" + table, flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(_jsonable({"meta": meta, "rows": rows}),
+                                                   indent=2) + "\n")
+    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    return 0 if all(row["status"] == "PASS" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""
+LayerNorm over the last dim of x[M, N] with weight[N] and bias[N] (eps 1e-5), in Triton.
+Starter kernel for AutoKernel.
+
+Two paths, picked by row length:
+  * rows that fit in registers (N <= MAX_FUSED_N): one read, one write. The variance is taken
+    around the mean already in registers (two-pass in registers), so rows with a large mean and
+    tiny variance do not cancel; weight and bias are loaded once per program.
+  * long rows: one program per row; pass 1 sums (x - x[0]) and its square (shifting by the row's
+    first element keeps E[d^2] - E[d]^2 from cancelling), pass 2 re-reads, normalizes and writes.
+Math in fp32; the output has x's dtype.
+
+Measured on the H100 (8192x4096 fp16): 51 us, 2.64 TB/s (eager 66 us, torch.compile 52 us).
+
+Usage:
+  uv run bench.py --kernel kernels/layernorm.py
+"""
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "layernorm"
+BACKEND = "triton"
+
+EPS = 1e-5            # the kernel contract's layernorm eps (reference.LAYERNORM_EPS)
+MAX_FUSED_N = 16384
+
+
+@triton.jit
+def layernorm_fused_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, stride_xm, stride_xn,
+                           stride_ym, stride_yn, eps,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows[:, None] < M) & col_ok[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :] * stride_xn, mask=mask,
+                other=0.0, eviction_policy=EVICT).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    diff = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = diff * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + rows64 * stride_ym + cols[None, :] * stride_yn,
+             y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_xm, stride_xn,
+                            stride_ym, stride_yn, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    y_row = y_ptr + row * stride_ym
+    cols = tl.arange(0, BLOCK_N)
+    shift = tl.load(x_row).to(tl.float32)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc_sq = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32)
+        d = tl.where(c < N, x - shift, 0.0)
+        acc += d
+        acc_sq += d * d
+    mean_d = tl.sum(acc, axis=0) / N
+    var = tl.maximum(tl.sum(acc_sq, axis=0) / N - mean_d * mean_d, 0.0)
+    mean = shift + mean_d
+    rstd = 1.0 / tl.sqrt(var + eps)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=c < N)
+
+
+def _fused_config(M, N):
+    """Whole rows per program: about 8K elements a tile, ~16 fp32 values per thread."""
+    block_n = triton.next_power_of_2(N)
+    block_m = min(max(1, 8192 // block_n), triton.next_power_of_2(M))
+    num_warps = min(16, max(1, block_m * block_n // 512))
+    return block_m, block_n, num_warps
+
+
+def layernorm(x, weight, bias, fused=None, block_n=None, num_warps=None, block_m=None, evict=""):
+    """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
+    N = x.shape[-1]
+    x2 = x.reshape(-1, N)
+    M = x2.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y.view(x.shape)
+    # weight/bias are indexed as contiguous vectors
+    assert weight.stride(-1) == 1 and bias.stride(-1) == 1, "weight and bias must be contiguous"
+    if fused is None:
+        fused = N <= MAX_FUSED_N
+    if fused:
+        bm, bn, nw = _fused_config(M, N)
+        bm, nw = block_m or bm, num_warps or nw
+        layernorm_fused_kernel[(triton.cdiv(M, bm),)](
+            x2, weight, bias, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
+            EPS, BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
+    else:
+        layernorm_looped_kernel[(M,)](
+            x2, weight, bias, y, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
+            EPS, BLOCK_N=block_n or 4096, num_warps=num_warps or 8)
+    return y.view(x.shape)
+
+
+def kernel_fn(x, weight, bias):
+    return layernorm(x, weight, bias)
