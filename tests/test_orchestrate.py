@@ -1,0 +1,358 @@
+"""orchestrate.py on synthetic results.tsv files: reading and rejecting input, the move-on rules,
+the choice of the next kernel, Amdahl's projection, and the git switch in a temp repo."""
+import json
+import math
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pandas as pd
+import pytest
+
+import autokernel as ak
+import orchestrate as orc
+
+T0 = datetime(2025, 1, 1, 22, 0, tzinfo=timezone.utc)
+
+
+def row(experiment, tag, status="keep", latency=100.0, correctness="PASS", minutes=0,
+        speedup=math.nan, pct=math.nan, timing_valid=True, kernel_type=None):
+    """One results.tsv row as bench.py writes it (only what orchestrate reads matters)."""
+    kernel_type = kernel_type or tag.split("_")[0]
+    ok = correctness == "PASS"
+    return {"experiment": experiment, "tag": tag, "kernel_type": kernel_type,
+            "throughput_tflops": 1.0 / latency if ok else math.nan,
+            "latency_us": latency if ok else math.nan, "pct_peak": pct if ok else math.nan,
+            "speedup_vs_pytorch": speedup if ok else math.nan, "correctness": correctness,
+            "peak_vram_mb": 1.0, "description": f"exp {experiment}",
+            "bandwidth_gb_s": 1000.0 / latency if ok else math.nan,
+            "speedup_vs_compile": math.nan, "status": status, "commit": "",
+            "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
+            "shape": "64x1024", "dtype": "fp16", "device": "cpu-interpreter",
+            "timing_valid": timing_valid, "reason": "" if ok else "planted"}
+
+
+def frame(rows):
+    return orc._add_derived(pd.DataFrame(rows, columns=ak.RESULTS_COLUMNS))
+
+
+def write_tsv(path, rows):
+    pd.DataFrame(rows, columns=ak.RESULTS_COLUMNS).to_csv(path, sep="\t", index=False)
+
+
+PLAN = {"model": "test", "created": "2025-01-01T21:00:00+00:00", "kernels": [
+    {"name": "reduce_1", "kernel_type": "reduce", "file": "workspace/reduce_1.py",
+     "shapes": [[64, 1024]], "dtype": "fp16", "share": 0.3, "time_us": 30.0,
+     "amdahl_ceiling": 1 / 0.7, "bound": "memory"},
+    {"name": "softmax_1", "kernel_type": "softmax", "file": "workspace/softmax_1.py",
+     "shapes": [[64, 1024]], "dtype": "fp16", "share": 0.2, "time_us": 20.0,
+     "amdahl_ceiling": 1 / 0.8, "bound": "memory"},
+]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------------------------
+
+def test_amdahl():
+    assert orc.amdahl([(0.5, 2.0)]) == pytest.approx(1 / 0.75)
+    assert orc.amdahl([(0.3, 3.0), (0.2, 1.0)]) == pytest.approx(1 / (0.5 + 0.1 + 0.2))
+    assert orc.amdahl([(0.3, math.inf)]) == pytest.approx(1 / 0.7)
+    assert orc.amdahl([]) == 1.0
+
+
+def test_speedup_against_eager_when_valid_else_starter():
+    rows = frame([row(1, "softmax_1", latency=100, speedup=1.5),
+                  row(2, "softmax_1", latency=50, speedup=3.0)])
+    s = orc.kernel_stats(rows)
+    assert (s["speedup_basis"], s["speedup"], s["best_us"]) == ("eager", pytest.approx(3.0), 50)
+    cpu = frame([row(1, "softmax_1", latency=100, speedup=0.01, timing_valid=False),
+                 row(2, "softmax_1", "revert", latency=120, timing_valid=False),
+                 row(3, "softmax_1", "revert", correctness="FAIL", timing_valid=False),
+                 row(4, "softmax_1", latency=40, speedup=0.03, timing_valid=False)])
+    s = orc.kernel_stats(cpu)
+    assert (s["speedup_basis"], s["speedup"]) == ("starter", pytest.approx(2.5))
+    assert (s["runs"], s["kept"], s["failed"]) == (4, 2, 1)
+
+
+def test_best_is_compared_within_the_latest_shape():
+    rows = [row(1, "reduce_1", latency=10), row(2, "reduce_1", latency=100),
+            row(3, "reduce_1", latency=80)]
+    rows[0]["shape"] = "8x8"  # an earlier, smaller benchmark shape: not comparable
+    s = orc.kernel_stats(frame(rows))
+    assert (s["best_us"], s["baseline_us"]) == (80, 100)
+    # a kernel file that did not even parse gets a row without a shape: it changes nothing
+    broken = dict(row(4, "reduce_1", "revert", correctness="FAIL"), shape="", dtype="")
+    s = orc.kernel_stats(frame(rows + [broken]))
+    assert (s["best_us"], s["baseline_us"], s["failed"]) == (80, 100, 1)
+
+
+def visit(kernel="reduce_1", first_row=0, minutes=0):
+    return {"kernel": kernel, "start": (T0 + timedelta(minutes=minutes)).isoformat(),
+            "first_row": first_row, "left": None}
+
+
+def reasons(rows, v, minutes, limits=orc.Limits()):
+    p = orc.visit_progress(frame(rows), v, T0 + timedelta(minutes=minutes))
+    return orc.move_on_reasons(p, limits)
+
+
+def test_move_on_rules():
+    base = [row(1, "reduce_1", latency=100)]
+    reverts = [row(i, "reduce_1", "revert", latency=120) for i in range(2, 6)]
+    assert reasons(base + reverts, visit(), 30) == []  # 4 reverts: not yet
+    fired = reasons(base + reverts + [row(6, "reduce_1", "revert", correctness="TIMEOUT")],
+                    visit(), 30)
+    assert len(fired) == 1 and "5 consecutive reverts" in fired[0]
+    # a keep resets the streak; judged (--no-git) rows do not count either way
+    later = base + reverts + [row(6, "reduce_1", latency=90),
+                              row(7, "reduce_1", "judged", latency=95)]
+    assert reasons(later, visit(), 30) == []
+    assert "h on it" in reasons(base, visit(), 121)[0]
+    assert "of attainable peak" in reasons([row(1, "reduce_1", pct=91.0)], visit(), 5)[0]
+    assert "2.00x this visit" in reasons([row(1, "reduce_1", latency=100),
+                                          row(2, "reduce_1", latency=50)], visit(), 5)[0]
+    loose = orc.Limits(max_reverts=10, max_hours=5)
+    assert reasons(base + reverts + [row(6, "reduce_1", "revert")], visit(), 200, loose) == []
+
+
+def test_revisit_measures_speedup_from_where_the_visit_began():
+    first = [row(1, "reduce_1", latency=100), row(2, "reduce_1", latency=40)]  # 2.5x: left
+    other = [row(3, "softmax_1", latency=100)]
+    again = [row(4, "reduce_1", latency=30)]  # 1.33x over 40 us: stay
+    v = visit(first_row=3, minutes=60)
+    assert reasons(first + other + again, v, 70) == []
+    assert "2.00x this visit" in reasons(first + other + again + [row(5, "reduce_1", latency=20)],
+                                         v, 70)[0]
+
+
+def test_choose_next():
+    state = {"visits": [visit("reduce_1")]}
+    rows = frame([row(1, "reduce_1")])
+    assert orc.choose_next(PLAN, rows, state, "reduce_1", orc.Limits())[0] == "softmax_1"
+    # all visited: the one still taking the most model time (share / speedup), not the one left
+    state = {"visits": [visit("reduce_1"), visit("softmax_1", 2)]}
+    rows = frame([row(1, "reduce_1", latency=100), row(2, "reduce_1", latency=10),
+                  row(3, "softmax_1", latency=100)])  # reduce 0.3/10 = 0.03, softmax 0.2/1
+    assert orc.choose_next(PLAN, rows, state, "reduce_1", orc.Limits())[0] == "softmax_1"
+    name, why = orc.choose_next(PLAN, rows, state, "softmax_1", orc.Limits())
+    assert name == "reduce_1" and "revisit" in why
+    peaked = frame([row(1, "reduce_1", pct=95.0), row(2, "softmax_1", pct=92.0)])
+    assert orc.choose_next(PLAN, peaked, state, "softmax_1", orc.Limits())[0] is None
+
+
+def test_kernel_name_of():
+    assert orc.kernel_name_of('KERNEL_TYPE = "softmax"\n') == "softmax"
+    src = 'KERNEL_TYPE = "softmax"\nKERNEL_NAME = "a"\nKERNEL_NAME = "softmax_1"\n'
+    assert orc.kernel_name_of(src) == "softmax_1"  # the last assignment wins
+    assert orc.kernel_name_of("def broken(:\n") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one-line errors
+# ---------------------------------------------------------------------------------------------
+
+def one_line_error(fn, *args, **kwargs):
+    with pytest.raises(orc.OrchestrateError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and message
+    return message
+
+
+def test_bad_results_files(tmp_path):
+    path = tmp_path / "results.tsv"
+    assert orc.read_results(path).empty  # no experiments yet
+    assert "not found" in one_line_error(orc.read_results, path, must_exist=True)
+    path.write_text("")
+    assert "empty" in one_line_error(orc.read_results, path)
+    path.write_text("\t".join(ak.RESULTS_COLUMNS) + "\n")
+    assert orc.read_results(path).empty
+    write_tsv(path, [row(1, "reduce_1"), row(2, "reduce_1")])
+    with open(path, "a") as f:
+        f.write("3\treduce_1\treduce\t" + "\t".join(["x"] * 30) + "\n")
+    assert "malformed" in one_line_error(orc.read_results, path)
+    path.write_text("what\tever\n1\t2\n")
+    assert "missing column" in one_line_error(orc.read_results, path)
+    write_tsv(path, [dict(row(1, "reduce_1"), correctness="MAYBE")])
+    assert "correctness 'MAYBE'" in one_line_error(orc.read_results, path)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert "malformed" in one_line_error(orc.read_results, path)
+
+
+def test_seed_format_without_status(tmp_path):
+    path = tmp_path / "results.tsv"
+    rows = [row(1, "softmax_1", latency=100), row(2, "softmax_1", latency=120),
+            row(3, "softmax_1", correctness="FAIL"), row(4, "softmax_1", latency=60)]
+    pd.DataFrame(rows)[ak.SEED_COLUMNS].to_csv(path, sep="\t", index=False)
+    df = orc.read_results(path)
+    assert list(df.kept) == [True, False, False, True]
+    assert orc.kernel_stats(df)["best_us"] == 60
+
+
+def test_bad_plans(tmp_path):
+    path = tmp_path / "plan.json"
+    assert "extract.py" in one_line_error(orc.read_plan, path)
+    path.write_text("{not json")
+    assert "not valid JSON" in one_line_error(orc.read_plan, path)
+    path.write_text(json.dumps({"kernels": []}))
+    assert "no kernels" in one_line_error(orc.read_plan, path)
+    bad = json.loads(json.dumps(PLAN))
+    bad["kernels"][0]["kernel_type"] = "conv9d"
+    path.write_text(json.dumps(bad))
+    assert "unknown type" in one_line_error(orc.read_plan, path)
+    bad = json.loads(json.dumps(PLAN))
+    bad["kernels"][1]["share"] = 0.9
+    path.write_text(json.dumps(bad))
+    assert "more than 1" in one_line_error(orc.read_plan, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The git flow in a temp repo (in-process: ak's paths point at the repo)
+# ---------------------------------------------------------------------------------------------
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def kernel_source(kernel_type, name, note=""):
+    return f'KERNEL_TYPE = "{kernel_type}"\n{note}\nKERNEL_NAME = "{name}"\n'
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    for attr, rel_path in [("ROOT", "."), ("KERNEL_PY", "kernel.py"), ("WORKSPACE", "workspace"),
+                           ("RESULTS_TSV", "results.tsv"), ("PLAN_JSON", "workspace/plan.json"),
+                           ("ORCHESTRATE_JSON", "workspace/orchestrate.json")]:
+        monkeypatch.setattr(ak, attr, (tmp_path / rel_path).resolve())
+    monkeypatch.delenv("AUTOKERNEL_NOW", raising=False)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "test@example.com")
+    git(tmp_path, "config", "user.name", "test")
+    (tmp_path / ".gitignore").write_text("workspace/\nresults.tsv\n")
+    (tmp_path / "kernel.py").write_text('KERNEL_TYPE = "softmax"\n')
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "init")
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace/plan.json").write_text(json.dumps(PLAN))
+    for k in PLAN["kernels"]:
+        (tmp_path / k["file"]).write_text(kernel_source(k["kernel_type"], k["name"]))
+    return tmp_path
+
+
+def run_cli(capsys, *argv, code=0):
+    if code:
+        with pytest.raises(SystemExit) as info:
+            orc.main(list(argv))
+        assert info.value.code == code
+    else:
+        orc.main(list(argv))
+    out, err = capsys.readouterr()
+    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line), out, err
+
+
+def bench(repo, rows, tag, status, latency=100.0, correctness="PASS", minutes=0):
+    """What bench.py does: append a row; on keep, commit kernel.py (edited) as 'bench: keep'."""
+    n = len(rows) + 1
+    if status == "keep":
+        with open(repo / "kernel.py", "a") as f:
+            f.write(f"# kept experiment {n}\n")
+        git(repo, "commit", "-q", "-am", f"bench: keep {tag} exp {n}")
+    rows.append(row(n, tag, status, latency, correctness, minutes, timing_valid=False))
+    write_tsv(repo / "results.tsv", rows)
+
+
+def test_next_installs_stays_and_moves_on(repo, capsys):
+    now = ["--now", T0.isoformat()]
+    out, _, _ = run_cli(capsys, "next", *now)
+    assert (out["action"], out["kernel"]) == ("switch", "reduce_1")
+    assert (repo / "kernel.py").read_text() == (repo / "workspace/reduce_1.py").read_text()
+    assert "orchestrate: switch to reduce_1" in git(repo, "log", "--format=%s")
+    rows = []
+    bench(repo, rows, "reduce_1", "keep", 100)
+    bench(repo, rows, "reduce_1", "keep", 80)
+    for i in range(4):
+        bench(repo, rows, "reduce_1", "revert", 120)
+        out, _, _ = run_cli(capsys, "next", *now)
+        assert out["action"] == "stay" and f"{i + 1} of 5 consecutive reverts" in out["reason"]
+    (repo / "kernel.py").write_text("edited but not benched\n")
+    _, _, err = run_cli(capsys, "next", *now, code=2)
+    assert err.count("\n") == 1 and "run `uv run bench.py` first" in err
+    git(repo, "checkout", "-q", "--", "kernel.py")  # what bench.py's revert would do
+    best = git(repo, "show", "HEAD:kernel.py")
+    bench(repo, rows, "reduce_1", "revert", correctness="CRASH")
+    out, text, _ = run_cli(capsys, "next", *now)
+    assert (out["action"], out["kernel"]) == ("switch", "softmax_1")
+    assert "5 consecutive reverts" in out["reason"]
+    assert (repo / "workspace/reduce_1.py").read_text() == best  # the best kept version saved
+    assert "kept experiment 2" in best
+    assert (repo / "kernel.py").read_text() == (repo / "workspace/softmax_1.py").read_text()
+    assert git(repo, "status", "--porcelain") == ""
+    log = git(repo, "log", "--format=%s").splitlines()
+    assert log[0] == "orchestrate: switch to softmax_1"
+    # the 2-hour rule, with the clock injected through the environment
+    bench(repo, rows, "softmax_1", "keep", 100, minutes=10)
+    out, _, _ = run_cli(capsys, "next", *now)
+    assert out["action"] == "stay"
+    later = (T0 + timedelta(hours=2, minutes=1)).isoformat()
+    out, _, _ = run_cli(capsys, "next", "--now", later)
+    assert out["action"] == "switch" and "h on it" in out["reason"]
+    # all visited: revisit reduce_1 (0.3 share / 1.25x) over softmax_1 (just left anyway)
+    assert out["kernel"] == "reduce_1" and "revisit" in out["next"]
+    assert "kept experiment 2" in (repo / "kernel.py").read_text()  # resumes from its best
+    state = json.loads((repo / "workspace/orchestrate.json").read_text())
+    assert [v["kernel"] for v in state["visits"]] == ["reduce_1", "softmax_1", "reduce_1"]
+    assert [v["first_row"] for v in state["visits"]] == [0, 7, 8]
+
+
+def test_state_is_rebuilt_when_missing_corrupt_or_stale(repo, capsys):
+    now = ["--now", T0.isoformat()]
+    run_cli(capsys, "next", *now)
+    rows = []
+    for status in ["keep", "revert", "revert", "revert", "revert", "revert"]:
+        bench(repo, rows, "reduce_1", status)
+    run_cli(capsys, "next", *now)  # -> softmax_1
+    bench(repo, rows, "softmax_1", "keep", minutes=30)
+    state_path = repo / "workspace/orchestrate.json"
+    good = json.loads(state_path.read_text())
+    for damage in ["delete", "{ half a json", json.dumps({"version": 1, "visits": "x"})]:
+        if damage == "delete":
+            state_path.unlink()
+        else:
+            state_path.write_text(damage)
+        out, text, err = run_cli(capsys, "status", *now)
+        assert "rebuilt" in err and err.count("\n") == 1
+        assert "current: softmax_1" in text
+        rebuilt = json.loads(state_path.read_text())
+        assert [(v["kernel"], v["first_row"]) for v in rebuilt["visits"]] == \
+            [(v["kernel"], v["first_row"]) for v in good["visits"]]
+    # stale: someone installed a kernel by hand; kernel.py (HEAD) is the truth
+    (repo / "kernel.py").write_text((repo / "workspace/reduce_1.py").read_text())
+    git(repo, "commit", "-qam", "by hand")
+    _, text, err = run_cli(capsys, "status", *now)
+    assert "stale" in err and "current: reduce_1" in text
+    # `install` refuses unknown names, in one line
+    _, _, err = run_cli(capsys, "install", "nope", *now, code=2)
+    assert "no kernel 'nope'" in err and err.count("\n") == 1
+
+
+def test_status_projection(repo, capsys):
+    run_cli(capsys, "next", "--now", T0.isoformat())
+    rows = []
+    bench(repo, rows, "reduce_1", "keep", 100)
+    bench(repo, rows, "reduce_1", "keep", 50)  # 2x vs the starter (CPU rows: no eager basis)
+    _, text, _ = run_cli(capsys, "status", "--now", T0.isoformat())
+    # 1 / (1 - 0.5 + 0.3/2 + 0.2/1) = 1.1765
+    assert "projected model speedup: 1.176x" in text
+    assert "2.00x starter" in text and "not meaningful" in text
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    """The real CLI, as the agent runs it, from a copy without plan.json."""
+    for script in ("orchestrate.py", "autokernel.py", "reference.py"):
+        (tmp_path / script).write_text((ak.ROOT / script).read_text())
+    proc = subprocess.run([sys.executable, "orchestrate.py", "next"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "plan.json not found" in proc.stderr
