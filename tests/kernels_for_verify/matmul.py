@@ -1,0 +1,34 @@
+"""Test kernel (verify.py's tests): tiled matmul C = A @ B, fp32 accumulator, any strides."""
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "matmul"
+BLOCK = 32
+
+
+@triton.jit
+def _matmul(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptr + rm[:, None] * sam + (k + rk)[None, :] * sak,
+                    mask=(rm[:, None] < M) & ((k + rk)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k + rk)[:, None] * sbk + rn[None, :] * sbn,
+                    mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def kernel_fn(A, B):
+    M, K = A.shape
+    N = B.shape[1]
+    C = torch.empty((M, N), device=A.device, dtype=A.dtype)
+    grid = (triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))
+    _matmul[grid](A, B, C, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1),
+                  BM=BLOCK, BN=BLOCK, BK=BLOCK)
+    return C

@@ -1,0 +1,29 @@
+"""Deliberately WRONG rmsnorm for verify.py's tests: the right math times 1.25."""
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_TYPE = "rmsnorm"
+KERNEL_NAME = "wrong_rmsnorm"
+ROWS = 16
+SCALE = 1.25  # deliberately wrong: the right rmsnorm times 1.25
+
+
+@triton.jit
+def _rmsnorm(x_ptr, w_ptr, y_ptr, M, N, eps, scale, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * N + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, x * rstd[:, None] * w[None, :] * scale, mask=mask)
+
+
+def kernel_fn(x, weight):
+    M, N = x.shape
+    y = torch.empty_like(x)
+    _rmsnorm[(triton.cdiv(M, ROWS),)](x, weight, y, M, N, 1e-6, SCALE, ROWS=ROWS,
+                                      BLOCK=triton.next_power_of_2(N))
+    return y

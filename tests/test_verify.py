@@ -1,0 +1,468 @@
+"""verify.py on the CPU (Triton interpreter): every kernel type swapped into a shipped model with
+real calls and matching outputs, a wrong kernel caught and named by --diagnose, a kernel that
+never runs failed, bad input answered in one line.
+
+The kernels are the small, interpreter-friendly ones in tests/kernels_for_verify/ (one per type,
+plus wrong_rmsnorm.py, deliberately wrong); models are tiny configs of models/."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import verify
+from models import bert, custom, gpt2, llama
+
+ROOT = Path(__file__).resolve().parent.parent
+KDIR = Path(__file__).resolve().parent / "kernels_for_verify"
+TINY_LLAMA = llama.LLaMAConfig(vocab_size=256, max_seq=64, n_layer=1, n_head=2, dim=64, hidden=128)
+
+
+def kernels(*names):
+    return [verify.load_kernel(KDIR / f"{n}.py") for n in names]
+
+
+def kernel_paths(*names):
+    return ",".join(str(KDIR / f"{n}.py") for n in names)
+
+
+def nontrivial_norms(model):
+    """Norm weights/biases away from 1/0, so a kernel that drops them shows."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            for name in ("weight", "bias"):
+                p = getattr(m, name, None)
+                if isinstance(p, nn.Parameter) and p.dim() == 1 and not isinstance(m, nn.Linear):
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (name == "weight"))
+    return model.eval()
+
+
+def by_name(report):
+    return {e["name"]: e for e in report["kernels"]}
+
+
+def assert_all_ran_and_match(report, names):
+    entries = by_name(report)
+    for n in names:
+        assert entries[n]["calls"] > 0, (n, entries[n])
+        assert entries[n]["status"] == "ok", (n, entries[n])
+        assert entries[n]["shapes"]
+    assert report["correctness"]["passed"], report["correctness"]
+    assert report["correctness"]["rel_err"] <= report["correctness"]["tolerance"]
+    assert report["passed"] and not report["failures"], report["failures"]
+
+
+# ---- the nine types in the shipped models ---------------------------------------------------
+
+def test_llama_matmul_rmsnorm_attention_mlp_rotary():
+    torch.manual_seed(0)
+    model = nontrivial_norms(llama.LLaMA(TINY_LLAMA))
+    names = ("matmul", "rmsnorm", "flash_attention", "fused_mlp", "rotary_embedding")
+    report = verify.verify(model, llama.get_inputs(2, 16, config=TINY_LLAMA), kernels(*names),
+                           timing=False)
+    assert_all_ran_and_match(report, names)
+    calls = {n: e["calls"] for n, e in by_name(report).items()}
+    # 1 layer: q,k,v,o + lm_head (the MLP's three projections run inside fused_mlp);
+    # two norms + the final one; q and k rotated; one attention; one MLP.
+    assert calls == {"matmul": 5, "rmsnorm": 3, "flash_attention": 1, "fused_mlp": 1,
+                     "rotary_embedding": 2}
+    assert by_name(report)["fused_mlp"]["shapes"] == ["32x64x128"]
+    assert report["correctness"]["output"] == "logits" and report["correctness"]["top1"] == 1.0
+    # Everything is restored: no instance forward left, the original model still runs.
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_gpt2_fp16_layernorm_and_linear_with_bias():
+    torch.manual_seed(0)
+    cfg = gpt2.GPT2Config(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=64)
+    model = nontrivial_norms(gpt2.GPT2(cfg)).half()
+    names = ("layernorm", "matmul", "flash_attention")
+    report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), kernels(*names),
+                           timing=False)
+    assert_all_ran_and_match(report, names)
+    assert report["dtype"] == "fp16" and report["correctness"]["tolerance"] == 2e-2
+    assert by_name(report)["layernorm"]["calls"] == 3
+    assert "F.linear bias added in torch after the kernel" in by_name(report)["matmul"]["notes"]
+
+
+def test_custom_softmax_sum_cross_entropy_and_timing():
+    torch.manual_seed(0)
+    cfg = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32)
+    model = nontrivial_norms(custom.CustomModel(cfg))
+    names = ("softmax", "reduce", "cross_entropy")
+    report = verify.verify(model, custom.get_inputs(2, 16, config=cfg), kernels(*names),
+                           warmup=0, repeat=1)
+    assert_all_ran_and_match(report, names)
+    assert by_name(report)["softmax"]["shapes"] == ["64x16"]  # B*H*S rows of S scores
+    # forward returns the loss: the logits it was computed from are compared, and the loss too
+    assert report["correctness"]["output"] == "logits (the loss's input)"
+    assert report["correctness"]["shape"] == [32, 128]
+    assert report["correctness"]["loss_rel_err"] <= report["correctness"]["tolerance"]
+    t = report["timing"]
+    assert t["eager_ms"] > 0 and t["kernels_ms"] > 0 and t["compile_ms"] is None
+    assert report["speedup_vs_eager"] == pytest.approx(t["eager_ms"] / t["kernels_ms"])
+    assert not report["timing_meaningful"]
+    for e in report["kernels"]:
+        assert e["alone_ms"] > 0 and e["gain_ms"] == pytest.approx(t["eager_ms"] - e["alone_ms"])
+
+
+def test_wrong_softmax_in_custom_model_is_caught(tmp_path):
+    """The loss alone must expose a wrong kernel too (custom's forward returns only the loss)."""
+    wrong = tmp_path / "bad_softmax.py"
+    wrong.write_text((KDIR / "softmax.py").read_text().replace(
+        "e / tl.sum(e, axis=1)[:, None]", "e / (tl.sum(e, axis=1)[:, None] + 0.5)"))
+    torch.manual_seed(0)
+    cfg = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32)
+    model = nontrivial_norms(custom.CustomModel(cfg))
+    report = verify.verify(model, custom.get_inputs(2, 16, config=cfg),
+                           [verify.load_kernel(wrong)], timing=False)
+    assert not report["passed"] and by_name(report)["softmax"]["status"] == "mismatch"
+    assert any("outputs mismatch" in f for f in report["failures"])
+
+
+# ---- kernels that do not replace anything ---------------------------------------------------
+
+def test_bert_noncausal_attention_and_eps_never_run():
+    """BERT's attention is bidirectional and its LayerNorm eps is 1e-12: neither kernel may be
+    listed as a replacement."""
+    cfg = bert.BERTConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32, hidden=64)
+    model = bert.BERT(cfg).eval()
+    report = verify.verify(model, bert.get_inputs(1, 8, config=cfg),
+                           kernels("flash_attention", "layernorm"), timing=False)
+    entries = by_name(report)
+    assert not report["passed"]
+    assert entries["flash_attention"]["status"] == "never ran"
+    assert entries["flash_attention"]["fallbacks"] == {"not causal": 1}
+    assert entries["layernorm"]["status"] == "never ran"
+    assert list(entries["layernorm"]["fallbacks"]) == ["eps 1e-12 != contract 1e-05"]
+    assert any("flash_attention" in f and "never ran" in f and "not causal" in f
+               for f in report["failures"])
+
+
+def test_rmsnorm_module_with_other_eps_is_skipped_not_swapped():
+    cfg = llama.LLaMAConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=32, hidden=64,
+                            eps=1e-5)
+    model = llama.LLaMA(cfg).eval()
+    report = verify.verify(model, llama.get_inputs(1, 8, config=cfg),
+                           kernels("rmsnorm", "layernorm"), timing=False)
+    entries = by_name(report)
+    assert entries["rmsnorm"]["status"] == "never ran"
+    assert entries["rmsnorm"]["skipped"] == {"skipped: eps 1e-05 != contract 1e-06": 3}
+    assert entries["layernorm"]["status"] == "never ran"  # LLaMA has no layernorm at all
+    assert any("no matching op in the model" in f for f in report["failures"])
+
+
+def test_crashing_and_misshapen_kernels_are_named(tmp_path):
+    bad = tmp_path / "bad_reduce.py"
+    bad.write_text('KERNEL_TYPE = "reduce"\n\ndef kernel_fn(x):\n    return x[:, :1].clone()\n')
+    boom = tmp_path / "boom_reduce.py"
+    boom.write_text('KERNEL_TYPE = "reduce"\n\ndef kernel_fn(x):\n    raise RuntimeError("oops")\n')
+    cfg = custom.CustomConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=32)
+    model = custom.CustomModel(cfg).eval()
+    for path, words in ((bad, "returned (16, 1)"), (boom, "raised RuntimeError: oops")):
+        report = verify.verify(model, custom.get_inputs(2, 8, config=cfg),
+                               [verify.load_kernel(path)], timing=False)
+        entry = report["kernels"][0]
+        assert entry["status"] == "crashed" and words in entry["error"], entry
+        assert not report["passed"]
+
+
+# ---- the interception rules on odd call forms -----------------------------------------------
+
+class Variants(nn.Module):
+    def forward(self, x, targets):
+        ignored = targets.clone()
+        ignored[0] = -100
+        return torch.stack([
+            torch.softmax(x, -1).sum(),              # softmax, then a full sum (not last-dim)
+            x.softmax(dim=-1)[..., 0].mean(),        # Tensor.softmax
+            F.softmax(x, dim=0).mean(),              # not the last dim: original op
+            x.sum(-1, keepdim=True).mean(),          # Tensor.sum, keepdim
+            torch.sum(x, dim=(-1,)).mean(),          # a one-element dim tuple
+            F.cross_entropy(x.view(-1, x.shape[-1]), targets),
+            F.cross_entropy(x.view(-1, x.shape[-1]), ignored),  # ignore_index hit: original
+        ])
+
+
+def test_call_variants_swap_or_fall_back_with_reasons():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 40, generator=gen)
+    targets = torch.randint(0, 40, (6,), generator=gen)
+    report = verify.verify(Variants(), (x, targets), kernels("softmax", "reduce", "cross_entropy"),
+                           timing=False)
+    entries = by_name(report)
+    assert report["passed"], report["failures"]
+    assert entries["softmax"]["calls"] == 2
+    assert entries["softmax"]["fallbacks"] == {"not over the last dim": 1}
+    assert entries["reduce"]["calls"] == 2
+    assert entries["reduce"]["fallbacks"] == {"not over the last dim": 1}
+    assert entries["cross_entropy"]["calls"] == 1
+    assert entries["cross_entropy"]["fallbacks"] == {"targets hit ignore_index": 1}
+
+
+class AttentionVariants(nn.Module):
+    def forward(self, q, k, v, k_few, v_few):
+        mask = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
+        return torch.stack([
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=q.shape[-1] ** -0.5),
+            F.scaled_dot_product_attention(q, k_few, v_few, is_causal=True, enable_gqa=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask),      # masked: original
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),  # original
+        ])
+
+
+def test_attention_variants_swap_or_fall_back_with_reasons():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 8, 16, generator=gen) for _ in range(3))
+    k_few, v_few = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(2))
+    report = verify.verify(AttentionVariants(), (q, k, v, k_few, v_few),
+                           kernels("flash_attention"), timing=False)
+    entry = report["kernels"][0]
+    assert report["passed"], report["failures"]
+    assert entry["calls"] == 3
+    assert entry["fallbacks"] == {"attention mask": 1, "non-default scale": 1}
+    assert entry["notes"] == ["GQA: key/value heads repeated in torch"]
+
+
+def test_two_kernels_of_one_type_dispatch_by_declared_shape(tmp_path):
+    """plan.json can list several kernels of one type: each owns the shapes it declared."""
+    plan = {"kernels": [
+        {"name": "matmul_lm_head", "kernel_type": "matmul", "file": str(KDIR / "matmul.py"),
+         "shapes": [[32, 256, 64]], "dtype": "fp32"},
+        {"name": "matmul_rest", "kernel_type": "matmul", "file": str(KDIR / "matmul.py"),
+         "shapes": [], "dtype": "fp32"}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+
+    class Args:
+        kernels, starters, plan = None, False, str(tmp_path / "plan.json")
+    ks = verify.select_kernels(Args)
+    torch.manual_seed(0)
+    # The strided W.t() view (--weight-layout view) instead of a contiguous copy: the test
+    # matmul honours strides, so the outputs must still match.
+    report = verify.verify(llama.LLaMA(TINY_LLAMA).eval(), llama.get_inputs(2, 16,
+                           config=TINY_LLAMA), ks, timing=False, weight_layout="view")
+    entries = by_name(report)
+    assert entries["matmul_lm_head"]["shapes"] == ["32x256x64"]
+    assert entries["matmul_lm_head"]["calls"] == 1
+    assert entries["matmul_rest"]["calls"] == 7  # q, k, v, o and the MLP's three projections
+    assert report["passed"]
+
+
+# ---- installing and restoring the patches ---------------------------------------------------
+
+ALL_TYPES = ("matmul", "softmax", "layernorm", "rmsnorm", "flash_attention", "fused_mlp",
+             "cross_entropy", "rotary_embedding", "reduce")
+
+
+def entry_points():
+    """Every attribute a swap rule patches: (the object there now, whether the owner holds it
+    itself rather than inheriting it, as torch.Tensor does TensorBase's methods)."""
+    return {(owner, attr): (getattr(owner, attr), attr in vars(owner))
+            for rule in verify.SWAP_RULES.values() for owner, attr in rule.functions}
+
+
+def assert_restored(before, model):
+    for (owner, attr), (obj, own) in entry_points().items():
+        assert obj is before[(owner, attr)][0], (owner, attr)
+        assert own == before[(owner, attr)][1], (owner, attr)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+class RaisesAfterForward(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, idx):
+        self.inner(idx)
+        raise RuntimeError("boom after the kernels ran")
+
+
+def test_installed_restores_every_patch_on_exit_and_on_exception():
+    torch.manual_seed(0)
+    model = llama.LLaMA(TINY_LLAMA).eval()
+    before = entry_points()
+    swap = verify.Swap(kernels(*ALL_TYPES))
+    with swap.installed(model):
+        assert all(getattr(o, a) is not before[(o, a)][0] for o, a in before)  # really patched
+        assert any("forward" in vars(m) for m in model.modules())
+        verify.forward(model, llama.get_inputs(1, 8, config=TINY_LLAMA))
+    assert sum(swap.calls.values()) > 0
+    assert_restored(before, model)
+
+    boom = RaisesAfterForward(model)
+    swap = verify.Swap(kernels(*ALL_TYPES))
+    run, error = verify.run_swapped(boom, llama.get_inputs(1, 8, config=TINY_LLAMA), swap)
+    assert run is None and "boom after the kernels ran" in error
+    assert swap.calls["matmul"] > 0  # the patches were in when it raised
+    assert_restored(before, boom)
+
+
+def test_only_active_types_are_patched_and_no_mode_taxes_the_forward():
+    """A model swapping only layernorm runs with no TorchFunctionMode and every other entry
+    point (F.linear, Tensor.sum, x @ W, ...) untouched."""
+    seen = {}
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = nn.LayerNorm(32), nn.Linear(32, 32)
+
+        def forward(self, x):
+            seen["mode"] = torch._C._is_torch_function_mode_enabled()
+            seen["patched"] = {(o, a) for o, a in before if getattr(o, a) is not before[(o, a)][0]}
+            return self.proj(self.norm(x)).softmax(-1).sum(-1)
+
+    before = entry_points()
+    model, swap = Probe(), verify.Swap(kernels("layernorm"))
+    with swap.installed(model):
+        model(torch.randn(2, 4, 32))
+    assert swap.calls["layernorm"] == 1
+    assert seen == {"mode": False, "patched": {(F, "layer_norm")}}
+
+
+# ---- the CLI --------------------------------------------------------------------------------
+
+TINY_MODEL_FILE = '''
+from models import llama
+CONFIGS = {"tiny": llama.LLaMAConfig(vocab_size=256, max_seq=64, n_layer=1, n_head=2, dim=64,
+                                     hidden=128)}
+Model = llama.LLaMA
+DEFAULT_INPUT_SHAPE = (2, 16)
+
+
+def get_inputs(batch, seq, device="cpu", config=CONFIGS["tiny"]):
+    return llama.get_inputs(batch, seq, device, config)
+'''
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    path = tmp_path / "tiny_llama.py"
+    path.write_text(TINY_MODEL_FILE)
+    return ["--model", str(path), "--input-shape", "2x16", "--dtype", "fp32"]
+
+
+def test_wrong_kernel_fails_and_diagnose_names_it(tiny_model, tmp_path, capsys):
+    out = tmp_path / "verify.json"
+    args = tiny_model + ["--kernels", kernel_paths("matmul", "wrong_rmsnorm"), "--out", str(out)]
+    assert verify.main(args) == 1
+    text = capsys.readouterr().out
+    assert "outputs mismatch" in text and "--diagnose" in text and "verdict: FAIL" in text
+    assert json.loads(out.read_text())["passed"] is False
+
+    assert verify.main(args + ["--diagnose"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    failing = [ln for ln in lines if ln.startswith("diagnose: FAIL")]
+    assert len(failing) == 1 and "wrong_rmsnorm" in failing[0] and "wrong_rmsnorm.py" in failing[0]
+    assert "max rel err" in failing[0]
+    assert any(ln.startswith("diagnose: matmul") and "ok alone" in ln for ln in lines)
+    report = json.loads(out.read_text())
+    entries = by_name(report)
+    assert entries["wrong_rmsnorm"]["status"] == "mismatch"
+    assert entries["wrong_rmsnorm"]["alone"]["rel_err"] > 0.1
+    assert entries["matmul"]["alone"]["passed"] and entries["matmul"]["status"] == "ok"
+
+
+def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
+    args = tiny_model + ["--kernels", kernel_paths("rmsnorm", "softmax"), "--no-timing",
+                         "--out", str(tmp_path / "v.json")]
+    assert verify.main(args) == 1
+    text = capsys.readouterr().out
+    assert "FAIL softmax" in text and "never ran" in text
+
+
+def test_cli_subprocess_timing_compile_and_json(tiny_model, tmp_path):
+    """Run as a top-level script from the repo root (where our profile.py shadows the stdlib's)
+    with torch.compile on: the compile path must work and verify.json must hold the timings."""
+    out = tmp_path / "verify.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "verify.py", *tiny_model, "--kernels", kernel_paths("rmsnorm", "matmul"),
+         "--warmup", "0", "--repeat", "1", "--compile-backend", "eager", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["timing"]["compile_ms"] > 0
+    assert report["speedup_vs_compile"] > 0 and "NOT meaningful" in proc.stdout
+    assert {e["name"]: e["calls"] > 0 for e in report["kernels"]} == {"rmsnorm": True,
+                                                                      "matmul": True}
+    assert all(e["share"] is not None for e in report["kernels"])
+
+
+def test_hf_llama_swaps(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    import transformers.models.llama.modeling_llama as modeling_llama
+    original = modeling_llama.apply_rotary_pos_emb
+    names = ("matmul", "rmsnorm", "rotary_embedding", "fused_mlp", "flash_attention")
+    out = tmp_path / "verify.json"
+    code = verify.main(["--module", "transformers", "--hf-config", "tiny-llama", "--input-shape",
+                        "1x16", "--dtype", "fp32", "--kernels", kernel_paths(*names),
+                        "--no-timing", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    entries = by_name(json.loads(out.read_text()))
+    assert all(entries[n]["calls"] > 0 for n in names), entries
+    assert entries["rotary_embedding"]["calls"] == 4   # q and k in each of the 2 layers
+    assert entries["rmsnorm"]["calls"] == 5
+    assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_hf_gpt2_conv1d_addmm_swaps(tmp_path, capsys):
+    """transformers' GPT-2 projects through Conv1D (torch.addmm), not F.linear."""
+    pytest.importorskip("transformers")
+    names = ("matmul", "layernorm", "flash_attention")
+    out = tmp_path / "verify.json"
+    code = verify.main(["--module", "transformers", "--hf-config", "tiny-gpt2", "--input-shape",
+                        "1x16", "--dtype", "fp32", "--kernels", kernel_paths(*names),
+                        "--no-timing", "--out", str(out)])
+    assert code == 0, capsys.readouterr().out
+    entries = by_name(json.loads(out.read_text()))
+    assert all(entries[n]["calls"] > 0 for n in names), entries
+    assert "addmm bias added in torch after the kernel" in entries["matmul"]["notes"]
+
+
+def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
+    bad_type = tmp_path / "bad.py"
+    bad_type.write_text('KERNEL_TYPE = "conv"\ndef kernel_fn(x):\n    return x\n')
+    bad_plan = tmp_path / "plan.json"
+    bad_plan.write_text('{"kernels": [{"name": "no_file"}]}')
+    cases = [
+        (["--kernels", str(tmp_path / "missing.py")], "does not exist"),
+        (["--kernels", str(bad_type)], "KERNEL_TYPE 'conv' is not one of"),
+        (["--plan", str(tmp_path / "none.json")], "run extract.py first"),
+        (["--plan", str(bad_plan)], "is not a plan"),
+        (["--kernels", kernel_paths("rmsnorm"), "--starters"], "not both"),
+        (["--kernels", kernel_paths("rmsnorm"), "--repeat", "0"], "--repeat >= 1"),
+        (["--kernels", kernel_paths("rmsnorm"), "--input-shape", "2by16"], "--input-shape"),
+    ]
+    for extra, words in cases:
+        argv = [a for a in tiny_model if a not in ("--input-shape", "2x16")] + extra \
+            if "--input-shape" in extra else tiny_model + extra
+        assert verify.main(argv) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err, err
+
+
+def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, capsys):
+    """With no model flags, verify rebuilds the model profile.py recorded in profile.json."""
+    model_file = tiny_model[1]
+    profile_json = tmp_path / "profile.json"
+    profile_json.write_text(json.dumps({"model_args": {
+        "model": model_file, "class_name": None, "config": None, "module": None,
+        "hf_config": None, "input_shape": "1x8", "dtype": "fp32", "device": None}}))
+    monkeypatch.setattr(verify.autokernel, "PROFILE_JSON", profile_json)
+    out = tmp_path / "v.json"
+    assert verify.main(["--kernels", kernel_paths("rmsnorm"), "--no-timing",
+                        "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "model flags from" in text and "--input-shape 1x8" in text
+    report = json.loads(out.read_text())
+    assert report["kernels"][0]["shapes"] == ["8x64"] and "tiny_llama.py" in report["model"]
