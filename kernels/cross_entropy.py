@@ -4,15 +4,17 @@ Triton. Starter kernel for AutoKernel. Targets equal to -100 (F.cross_entropy's 
 ignore_index) are left out of the mean, as torch does.
 
 Two launches, no atomics (the gate checks bitwise determinism):
-  1. grid (M, SPLITS): each program reads its slice of one row ONCE, keeping a per-lane online
-     max and sum of exp (one exp per element), and writes the slice's (max, sum). The program of
+  1. grid (M, SPLITS): each program reads its slice of one row ONCE, keeping an online max
+     (one per slice) and per-lane sums of exp (one exp per element), and writes the slice's
+     (max, sum). The program of
      split 0 also fetches the row's target logit. SPLITS > 1 only when there are too few rows to
      fill the GPU (a vocab-sized row is then spread over several programs).
   2. one program combines the partials into each row's logsumexp, subtracts the target logit and
      sums the losses in a fixed order, then divides by the number of counted rows.
 
-Measured on the H100 (fp16): 8192x32000 202 us, 2.60 TB/s; 4096x128256 379 us, 2.77 TB/s
-(eager 567 / 1411 us, torch.compile 331 / 612 us). BLOCK_N 2048, 4 warps, 3 pipeline stages.
+BLOCK_N 4096, 4 warps, 2 pipeline stages: the best of a sweep (BLOCK_N 1024-8192, 4-16 warps)
+on the H200 at both shapes below, fp16: 8192x32000 161 us, 4096x128256 291 us (3.3 and 3.6 TB/s;
+eager 1593 / 3497 us). BENCHMARKS.md has the side-by-side table with torch.compile.
 
 Usage:
   uv run bench.py --kernel kernels/cross_entropy.py
@@ -42,22 +44,22 @@ def row_logsumexp_partial_kernel(logits_ptr, targets_ptr, part_max_ptr, part_sum
     cols = tl.arange(0, BLOCK_N)
     first = split * cols_per_split
     end = tl.minimum(first + cols_per_split, V)
-    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    # Online logsumexp with ONE running max for the whole slice (a scalar, updated once per
+    # chunk) and per-lane sums rescaled to it: per element that is one FMA, one exp2 and one
+    # FMA. A per-lane running max (max, min, select, compare per element) measured 2-5% slower
+    # on the H200, where memory streams fast enough for the per-element ALU work to show.
+    m = tl.full([], -float("inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
     for start in tl.range(first, end, BLOCK_N, num_stages=NUM_STAGES):
         c = start + cols
         x = tl.load(row_ptr + c * stride_v, mask=c < end, other=-float("inf"),
                     eviction_policy=EVICT).to(tl.float32)
-        # Only the smaller of (m, x) needs an exp relative to the larger: one exp per element.
-        new_m = tl.maximum(m, x)
-        e = tl.exp2((tl.minimum(m, x) - new_m) * LOG2E)
-        e = tl.where(new_m == -float("inf"), 0.0, e)  # both -inf: exp(-inf - -inf) is NaN
-        s = tl.where(x > m, s * e + 1.0, s + e)
-        m = new_m
-    slice_max = tl.max(m, axis=0)
-    lane_scale = tl.where(m == -float("inf"), 0.0, tl.exp2((m - slice_max) * LOG2E))
-    tl.store(part_max_ptr + row * SPLITS + split, slice_max)
-    tl.store(part_sum_ptr + row * SPLITS + split, tl.sum(s * lane_scale, axis=0))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # all -inf so far: exp2(-inf) = 0
+        s = s * tl.exp2((m - m_ref) * LOG2E) + tl.exp2((x - m_ref) * LOG2E)
+        m = m_new
+    tl.store(part_max_ptr + row * SPLITS + split, m)
+    tl.store(part_sum_ptr + row * SPLITS + split, tl.sum(s, axis=0))
     if split == 0:
         target = tl.load(targets_ptr + row)
         in_range = (target >= 0) & (target < V)  # ignore_index rows fetch nothing
@@ -98,13 +100,13 @@ def _sm_count(device_index):
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=None, num_stages=3,
+def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=4, num_stages=2,
                   evict="evict_first"):
     """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
     M, V = logits.shape
     dev = logits.device
     loss = torch.empty((), dtype=torch.float32, device=dev)
-    block_n = block_n or min(2048, triton.next_power_of_2(V))
+    block_n = block_n or min(4096, triton.next_power_of_2(V))
     chunks = triton.cdiv(V, block_n)
     if splits is None:  # enough programs for ~4 per SM, never a split smaller than a chunk
         target_programs = 4 * _sm_count(dev.index if dev.type == "cuda" else None)
@@ -119,7 +121,7 @@ def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=None, nu
             logits, targets, part_max, part_sum, target_logit, V, logits.stride(0),
             logits.stride(1), cols_per_split, SPLITS=splits, BLOCK_N=block_n,
             NUM_STAGES=num_stages, EVICT=evict,
-            num_warps=num_warps or min(16, max(1, block_n // 512)))
+            num_warps=num_warps)
     splits_pow2 = triton.next_power_of_2(splits)
     block_r = min(triton.next_power_of_2(max(M, 1)), max(1, 4096 // splits_pow2))
     mean_loss_kernel[(1,)](part_max, part_sum, target_logit, targets, loss, M, IGNORE_INDEX,
