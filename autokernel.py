@@ -568,11 +568,13 @@ def mismatches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype):
 
 
 def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict) -> dict:
-    """Achieved TFLOP/s and GB/s, and pct_peak = achieved over attainable (<= 100% unless the
-    measurement beats the measured ceiling, which is then reported as it is).
+    """Achieved TFLOP/s and GB/s, and pct_peak = achieved over attainable, at most 100%.
 
     ceilings: {"bandwidth_gb_s": measured copy GB/s, "tflops": measured matmul TFLOP/s}.
-    Attainable time is the larger of the compute and memory floors (the roofline)."""
+    Attainable time is the larger of the compute and memory floors (the roofline). The measured
+    ceilings are what cuBLAS and a copy reach, so a kernel can beat them (a Triton matmul beats
+    cuBLAS at 4096^3 on the H100): then the kernel itself is the best attainable we know of,
+    pct_peak is 100 and above_ceiling says so (the raw ratio stays in the achieved numbers)."""
     flops, nbytes = ktype.flops(shape), ktype.bytes(shape, dtype)
     seconds = latency_us * 1e-6
     tflops = flops / seconds / 1e12 if seconds > 0 else 0.0
@@ -581,8 +583,8 @@ def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict)
                   nbytes / (ceilings["bandwidth_gb_s"] * 1e9)
                   if ceilings.get("bandwidth_gb_s") else 0.0)
     pct = 100.0 * floor_s / seconds if seconds > 0 and floor_s > 0 else float("nan")
-    return {"throughput_tflops": tflops, "bandwidth_gb_s": gb_s, "pct_peak": pct,
-            "floor_us": floor_s * 1e6}
+    return {"throughput_tflops": tflops, "bandwidth_gb_s": gb_s, "pct_peak": min(pct, 100.0),
+            "above_ceiling": pct > 100.0, "floor_us": floor_s * 1e6}
 
 
 # ---------------------------------------------------------------------------------------------

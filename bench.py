@@ -445,10 +445,9 @@ def print_summary(row, result, facts, plan, best, args, child, elapsed):
         print(f"timing_valid: {bool(result.get('timing_valid'))}")
         if not result.get("timing_valid"):
             print("timing_note: timings not meaningful (CPU interpreter)")
-        pct = result.get("pct_peak")
-        if pct is not None and pct == pct and pct > 100:
-            print(f"warning: pct_peak {pct:.1f}% beats the measured ceiling; the cached ceiling "
-                  f"may be stale (uv run prepare.py --force)")
+        if result.get("above_ceiling"):
+            print("warning: faster than the measured ceiling allows (pct_peak capped at 100); "
+                  "the cached ceiling may be stale (uv run prepare.py --force)")
     print(f"best_kept_us: {fmt(best, 2)}")
     print(f"status: {row['status']}")
     if row["commit"]:

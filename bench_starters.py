@@ -301,7 +301,8 @@ def judge(ktype, row, ceilings):
                                {"bandwidth_gb_s": ceilings.get("bandwidth_gb_s"),
                                 "tflops": tflops.get(dtype)})
     row.update(gb_s=roof["bandwidth_gb_s"], tflops=roof["throughput_tflops"],
-               pct_ceiling=None if math.isnan(roof["pct_peak"]) else roof["pct_peak"])
+               pct_ceiling=None if math.isnan(roof["pct_peak"]) else roof["pct_peak"],
+               above_ceiling=roof["above_ceiling"])
     if not autokernel.TIMING_MEANINGFUL:
         row["goal"] = "n/a (CPU timings)"
         return row
@@ -360,9 +361,11 @@ def markdown(rows, meta):
         achieved = (_cell(row["gb_s"], "{:,.0f} GB/s") if memory_bound
                     else _cell(row["tflops"], "{:,.1f} TFLOP/s"))
         library = (f"{_cell(row['library_us'])} ({row['library']})" if row["library"] else "-")
+        pct = _cell(row["pct_ceiling"], "{:.0f}%") + (" (beats it)" if row.get("above_ceiling")
+                                                       else "")
         lines.append("| " + " | ".join([
             row["kernel"], row["shape_str"], row["dtype"], starter, _cell(row["eager_us"]),
-            _cell(row["compile_us"]), library, achieved, _cell(row["pct_ceiling"], "{:.0f}%"),
+            _cell(row["compile_us"]), library, achieved, pct,
             *(_cell(row[f"x_{what}"], "{:.2f}x") for what in ("eager", "compile", "library")),
             row["goal"]]) + " |")
         label = f"{row['kernel']} {row['shape_str']} {row['dtype']}"

@@ -8,6 +8,7 @@ the same thing and how much faster it got end to end.
     uv run verify.py --model models/custom.py --kernels kernels/softmax.py,kernels/reduce.py
     uv run verify.py --module transformers --hf-config tiny-llama --starters
     uv run verify.py ... --diagnose       # each kernel alone: which one breaks the model?
+    uv run verify.py ... --cuda-graphs    # time as CUDA graph replays (no launch overhead)
 
 The model flags are profile.py's (add_model_args / load_model); with none given, the flags
 recorded in workspace/profile.json are reused. Kernels come from
@@ -35,7 +36,11 @@ How kernels get in (SWAP_RULES below, one entry per kernel type):
     ones, cos/sin tables are sliced and cast. Weights for the matmul kernel are transposed to
     contiguous [K, N] copies ONCE per weight (a load-time layout change, like a serving
     engine's; --weight-layout view passes the strided W.t() view instead, for kernels that
-    honour strides).
+    honour strides). A copy whose rows would not be a multiple of 16 bytes (GPT-2's vocabulary
+    of 50257) gets zero columns up to the next multiple, and the kernel's output is viewed
+    back to N columns: unaligned rows rule out vector loads and TMA and made GPT-2's lm_head
+    several times slower (torch.compile pads such matmuls too; nanoGPT pads its vocabulary).
+    The kernel is picked and reported by the model's shape, N=50257.
 
 Correctness: the forward's logits (for a model that returns only a loss, the logits given to
 F.cross_entropy, and the loss too) are compared with the original model's, in the same dtype.
@@ -53,7 +58,15 @@ Triton interpreter makes the numbers meaningless and they are labelled so) for t
 model in eager mode, torch.compile of the original (CUDA only unless --compile-backend is given;
 --no-compile skips it), and the model with all kernels. Each kernel's share of the gain: the model
 is timed with ONLY that kernel swapped in; gain_ms = eager_ms - alone_ms, share = gain_ms /
-(eager_ms - kernels_ms). Shares need not add up to 100% (kernels interact, timings are noisy).
+(eager_ms - kernels_ms), null when all kernels together lose. Shares need not add up to 100%
+(kernels interact, timings are noisy).
+When some kernels gain and others lose, the gainers are also timed together: what shipping only
+them would give.
+--cuda-graphs times all of these as replays of a CUDA graph of the forward. A Triton launch costs
+tens of microseconds of host time (on the H100 machine, 50-100 us per call against cuBLAS's
+~20), so a forward with many swapped calls can become host-bound and lose to eager even when
+every kernel is faster on the GPU; graphs remove launch overhead for every variant alike, as a
+serving engine would.
 
 --diagnose runs each kernel alone against the original model and names every kernel that breaks
 it, one line each; it skips the timings.
@@ -72,8 +85,9 @@ Writes workspace/verify.json (--out to change):
    "correctness": {"output": "logits" | "tensor" | "logits (the loss's input)", "shape": [..],
                    "max_abs_err", "rel_err", "tolerance", "top1", "top1_tie_aware", "top1_min",
                    "loss_rel_err" (models returning a loss), "passed", "error"},
-   "timing": {"method", "warmup", "repeat", "eager_ms", "compile_ms", "compile_note",
-              "kernels_ms"} | null,
+   "timing": {"method", "cuda_graphs": bool, "warmup", "repeat", "eager_ms", "compile_ms",
+              "compile_note", "kernels_ms", "gainers": [names of kernels whose alone_ms beat eager],
+              "gainers_ms": float | null (the gainers together, when some kernels lose)} | null,
    "speedup_vs_eager": float | null, "speedup_vs_compile": float | null}
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
@@ -210,8 +224,9 @@ def select_kernels(args):
 # ---------------------------------------------------------------------------------------------
 
 class WeightCache:
-    """Contiguous W.t() copies for the matmul kernel, made once per weight and shared by every
-    swap of a run (so timing runs never pay for them)."""
+    """Contiguous W.t() copies [K, N_padded] for the matmul kernel, made once per weight and
+    shared by every swap of a run (so timing runs never pay for them). Rows are padded with
+    zero columns to a multiple of 16 bytes (see the module docstring)."""
 
     def __init__(self):
         self.copies = {}
@@ -221,7 +236,11 @@ class WeightCache:
         hit = self.copies.get(key)
         if hit and hit[0]() is weight and hit[1] == weight._version:
             return hit[2]
-        copy = weight.detach().t().contiguous()
+        n, k = weight.shape
+        per_16_bytes = max(1, 16 // weight.element_size())
+        padded = -(-n // per_16_bytes) * per_16_bytes
+        copy = weight.new_zeros((k, padded))
+        copy[:, :n] = weight.detach().t()
         self.copies[key] = (weakref.ref(weight), weight._version, copy)
         return copy
 
@@ -246,6 +265,7 @@ class Swap:
         self.weight_layout = weight_layout
         self.busy = False  # inside a kernel_fn: its own torch calls pass straight through
         self.specs = {}
+        self.ignore_index_seen = {}  # (targets shape, ignore_index) -> hit (_hits_ignore_index)
         self.reset()
 
     def reset(self):
@@ -265,12 +285,12 @@ class Swap:
     def note(self, ktype, text):
         self.notes[ktype].add(text)
 
-    def run(self, ktype, **inputs):
+    def run(self, ktype, model_shape=None, **inputs):
         """Call the kernel for this type with the contract's arguments and check what comes
-        back. Which kernel: the one that declared this shape, else the first that declared no
-        shapes (a catch-all), else the first of the type."""
+        back. Which kernel: the one that declared this shape (model_shape when the inputs were
+        padded), else the first that declared no shapes (a catch-all), else the first."""
         rule, kt = SWAP_RULES[ktype], autokernel.KERNEL_TYPES[ktype]
-        shape = rule.contract_shape(inputs)
+        shape = model_shape or rule.contract_shape(inputs)
         candidates = self.by_type[ktype]
         kernel = next((k for k in candidates if shape in k.shapes), None) or \
             next((k for k in candidates if not k.shapes), candidates[0])
@@ -415,11 +435,13 @@ def _linear(swap, input, weight, bias=None):
         return swap.fallback("matmul", "dtype or shape outside the contract")
     if bias is not None and bias.dtype != input.dtype:
         return swap.fallback("matmul", "bias dtype differs")
+    A, N = _rows(input), weight.shape[0]
     if swap.weight_layout == "view":
-        B = weight.t()
-    else:
-        B = swap.weights.transposed(weight)
-    out = swap.run("matmul", A=_rows(input), B=B).view(*input.shape[:-1], weight.shape[0])
+        out = swap.run("matmul", A=A, B=weight.t())
+    else:  # [K, N] padded to 16-byte rows: the kernel computes zero columns, the view drops them
+        out = swap.run("matmul", A=A, B=swap.weights.transposed(weight),
+                       model_shape=(A.shape[0], N, A.shape[1]))[:, :N]
+    out = out.view(*input.shape[:-1], N)
     if bias is not None:
         swap.note("matmul", "F.linear bias added in torch after the kernel")
         out = out + bias
@@ -501,14 +523,22 @@ def _rms_norm(swap, input, normalized_shape, weight=None, eps=None):
     return swap.run("rmsnorm", x=_rows(input), weight=weight).view(input.shape)
 
 
-def _softmax_common(swap, input, dim, dtype):
-    if not isinstance(input, torch.Tensor) or not _last_dim(dim, input.dim()):
-        return swap.fallback("softmax", "not over the last dim")
+def _last_dim_input(swap, ktype, input, dim, dtype):
+    """The input of a last-dim op (softmax, sum) cast to its dtype= argument, or FALLBACK."""
+    if not isinstance(input, torch.Tensor) or input.dim() == 0 or not _last_dim(dim, input.dim()):
+        return swap.fallback(ktype, "not over the last dim")
     if dtype is not None and dtype != input.dtype:
         input = input.to(dtype)
-        swap.note("softmax", "dtype= argument: input cast in torch")
+        swap.note(ktype, "dtype= argument: input cast in torch")
     if input.dtype not in FLOAT_DTYPES or input.numel() == 0:
-        return swap.fallback("softmax", "dtype outside the contract")
+        return swap.fallback(ktype, "dtype outside the contract")
+    return input
+
+
+def _softmax_common(swap, input, dim, dtype):
+    input = _last_dim_input(swap, "softmax", input, dim, dtype)
+    if input is FALLBACK:
+        return FALLBACK
     return swap.run("softmax", x=_rows(input)).view(input.shape)
 
 
@@ -520,6 +550,18 @@ def _softmax_torch(swap, input, dim, dtype=None):
     return _softmax_common(swap, input, dim, dtype)
 
 
+def _hits_ignore_index(swap, target, ignore_index):
+    """Whether a target is ignore_index (the contract has none). Reading that back syncs, which a
+    CUDA graph capture forbids: there the answer of the warm-up forwards just before it (same
+    inputs, same shapes) is reused, and with none the call falls back to torch."""
+    key = (tuple(target.shape), ignore_index)
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return swap.ignore_index_seen.get(key, True)
+    hit = bool((target == ignore_index).any())
+    swap.ignore_index_seen[key] = swap.ignore_index_seen.get(key, False) or hit
+    return hit
+
+
 def _cross_entropy(swap, input, target, weight=None, size_average=None, ignore_index=-100,
                    reduce=None, reduction="mean", label_smoothing=0.0):
     reason = None
@@ -529,7 +571,7 @@ def _cross_entropy(swap, input, target, weight=None, size_average=None, ignore_i
     elif input.dim() != 2 or target.dim() != 1 or target.dtype != torch.int64 \
             or input.dtype not in FLOAT_DTYPES:
         reason = "not 2-D logits with 1-D int64 targets"
-    elif bool((target == ignore_index).any()):
+    elif _hits_ignore_index(swap, target, ignore_index):
         reason = "targets hit ignore_index"
     if reason:
         return swap.fallback("cross_entropy", reason)
@@ -538,13 +580,9 @@ def _cross_entropy(swap, input, target, weight=None, size_average=None, ignore_i
 
 
 def _sum(swap, input, dim=None, keepdim=False, *, dtype=None):
-    if not isinstance(input, torch.Tensor) or input.dim() == 0 or not _last_dim(dim, input.dim()):
-        return swap.fallback("reduce", "not over the last dim")
-    if dtype is not None and dtype != input.dtype:
-        input = input.to(dtype)
-        swap.note("reduce", "dtype= argument: input cast in torch")
-    if input.dtype not in FLOAT_DTYPES or input.numel() == 0:
-        return swap.fallback("reduce", "dtype outside the contract")
+    input = _last_dim_input(swap, "reduce", input, dim, dtype)
+    if input is FALLBACK:
+        return FALLBACK
     out = swap.run("reduce", x=_rows(input)).view(input.shape[:-1])
     return out.unsqueeze(-1) if keepdim else out
 
@@ -819,23 +857,47 @@ def sync():
         torch.cuda.synchronize()
 
 
-def time_forward(model, inputs, warmup, repeat):
-    """Median milliseconds of `repeat` forwards after `warmup` untimed ones."""
+class GraphCaptureError(Exception):
+    pass
+
+
+def capture(model, inputs, warmup):
+    """One forward as a CUDA graph: warm-up forwards on a side stream (as torch.cuda.graph
+    asks; autotuning happens here), then the capture. Replaying it costs no per-op host work."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(max(warmup, 2)):
+            forward(model, inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            forward(model, inputs)
+    except Exception as e:
+        raise GraphCaptureError(first_line(e)) from None
+    return graph
+
+
+def time_forward(model, inputs, warmup, repeat, graphs=False):
+    """Median milliseconds of `repeat` forwards after `warmup` untimed ones; with graphs, of
+    `repeat` replays of a CUDA graph of the forward."""
+    run = capture(model, inputs, warmup).replay if graphs else lambda: forward(model, inputs)
     for _ in range(warmup):
-        forward(model, inputs)
+        run()
     sync()
     times = []
     for _ in range(repeat):
         if autokernel.CUDA:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            forward(model, inputs)
+            run()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
-            forward(model, inputs)
+            run()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -880,7 +942,7 @@ def why_not(entry):
 
 
 def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, repeat=None,
-           compile_backend=None, weight_layout="copy", description="model"):
+           compile_backend=None, weight_layout="copy", cuda_graphs=False, description="model"):
     """Everything but the printing: returns the verify.json dict."""
     model.eval()
     dtype = model_dtype(model)
@@ -938,7 +1000,7 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         "speedup_vs_eager": None, "speedup_vs_compile": None}
     if timing and not diagnose and not failures:
         report["timing"] = measure(model, inputs, used, weights, weight_layout, warmup, repeat,
-                                   compile_backend)
+                                   compile_backend, cuda_graphs)
         t = report["timing"]
         report["speedup_vs_eager"] = t["eager_ms"] / t["kernels_ms"]
         if t["compile_ms"] is not None:
@@ -948,15 +1010,29 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
     return report
 
 
-def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile_backend):
-    """Eager, torch.compile, all kernels, and each kernel alone (for its share of the gain)."""
+def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile_backend,
+            graphs=False):
+    """Eager, torch.compile, all kernels, and each kernel alone (for its share of the gain).
+    graphs: every one of them timed as CUDA graph replays (no launch overhead)."""
     kernels = [k for k, _ in used]
     warmup = (5 if autokernel.CUDA else 1) if warmup is None else warmup
     repeat = (20 if autokernel.CUDA else 3) if repeat is None else repeat
-    timing = {"method": "CUDA events, median" if autokernel.CUDA else
-              "perf_counter, median (CPU interpreter: not meaningful)",
+    method = "CUDA graph replays, CUDA events, median" if graphs else "CUDA events, median"
+    timing = {"method": method if autokernel.CUDA else
+              "perf_counter, median (CPU interpreter: not meaningful)", "cuda_graphs": graphs,
               "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None}
-    timing["eager_ms"] = time_forward(model, inputs, warmup, repeat)
+
+    def timed(swap=None, what="the model with kernels"):
+        try:
+            if swap is None:
+                return time_forward(model, inputs, warmup, repeat, graphs)
+            with swap.installed(model):
+                return time_forward(model, inputs, warmup, repeat, graphs)
+        except GraphCaptureError as e:
+            raise GraphCaptureError(f"capturing {what} in a CUDA graph failed ({e}): run "
+                                    "without --cuda-graphs") from None
+
+    timing["eager_ms"] = timed(what="the original model")
     backend = compile_backend or ("inductor" if autokernel.CUDA else None)
     if backend is None:
         timing["compile_note"] = "skipped on CPU (pass --compile-backend to force)"
@@ -966,25 +1042,29 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
         try:
             compiled = torch.compile(model, backend=backend)
             forward(compiled, inputs)  # compile outside the timed runs
-            timing["compile_ms"] = time_forward(compiled, inputs, warmup, repeat)
+            timing["compile_ms"] = time_forward(compiled, inputs, warmup, repeat, graphs)
             timing["compile_note"] = f"torch.compile(backend={backend!r})"
         except Exception as e:  # report it, keep the eager comparison
             timing["compile_note"] = f"torch.compile(backend={backend!r}) failed: " \
                                      f"{first_line(e)}"
         compiled = None
         torch._dynamo.reset()
-    swap = Swap(kernels, weights, weight_layout)
-    with swap.installed(model):
-        timing["kernels_ms"] = time_forward(model, inputs, warmup, repeat)
+    timing["kernels_ms"] = timed(Swap(kernels, weights, weight_layout))
     total_gain = timing["eager_ms"] - timing["kernels_ms"]
     for k, e in used:
         if len(kernels) == 1:
             e["alone_ms"] = timing["kernels_ms"]
         else:
-            with Swap([k], weights, weight_layout).installed(model):
-                e["alone_ms"] = time_forward(model, inputs, warmup, repeat)
+            e["alone_ms"] = timed(Swap([k], weights, weight_layout), f"the model with {k.name}")
         e["gain_ms"] = timing["eager_ms"] - e["alone_ms"]
-        e["share"] = e["gain_ms"] / total_gain if total_gain else None
+        e["share"] = e["gain_ms"] / total_gain if total_gain > 0 else None  # of a loss: n/a
+    # The morning's question: which kernels to ship. When some kernels gain and some lose,
+    # time the gainers together too.
+    gainers = [k for k, e in used if e["gain_ms"] > 0]
+    timing["gainers"] = [k.name for k in gainers]
+    timing["gainers_ms"] = None
+    if gainers and len(gainers) < len(kernels):
+        timing["gainers_ms"] = timed(Swap(gainers, weights, weight_layout))
     return timing
 
 
@@ -1057,6 +1137,12 @@ def print_report(r):
         for e in (e for e in r["kernels"] if e["alone_ms"] is not None):
             print(f"share of gain: {e['name']:<22} alone {e['alone_ms']:.3f} ms, gain "
                   f"{e['gain_ms']:+.3f} ms, share {_g(e['share'], '.0%')}")
+        if t.get("gainers_ms"):
+            vs_compile = "" if t["compile_ms"] is None else \
+                f", {t['compile_ms'] / t['gainers_ms']:.3f}x vs torch.compile"
+            print(f"only the kernels that gain ({', '.join(t['gainers'])}): "
+                  f"{t['gainers_ms']:.3f} ms, {t['eager_ms'] / t['gainers_ms']:.3f}x vs eager"
+                  f"{vs_compile}")
     for f in r["failures"]:
         print(f"FAIL {f}")
     if r["failures"] and not any(e["alone"] for e in r["kernels"]):
@@ -1097,6 +1183,9 @@ def build_parser(profile_module=None):
     parser.add_argument("--no-timing", action="store_true", help="check correctness only")
     parser.add_argument("--warmup", type=int, help="untimed forwards (default 5 CUDA, 1 CPU)")
     parser.add_argument("--repeat", type=int, help="timed forwards (default 20 CUDA, 3 CPU)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="time every variant as CUDA graph replays: kernels without the "
+                        "per-launch host cost that makes small forwards launch-bound")
     parser.add_argument("--weight-layout", choices=("copy", "view"), default="copy",
                         help="matmul B operand: contiguous W.t() copy (default) or strided view")
     parser.add_argument("--out", default=str(autokernel.VERIFY_JSON), help="report JSON path")
@@ -1138,6 +1227,8 @@ def main(argv=None):
         if args.warmup is not None and args.warmup < 0 or args.repeat is not None \
                 and args.repeat < 1:
             raise UsageError("--warmup must be >= 0 and --repeat >= 1")
+        if args.cuda_graphs and not autokernel.CUDA:
+            raise UsageError("--cuda-graphs needs a CUDA GPU: drop it on this machine")
         kernels = select_kernels(args)
         if reuse_profile_flags(args):
             print(f"model flags from {autokernel.PROFILE_JSON}: "
@@ -1155,8 +1246,8 @@ def main(argv=None):
         report = verify(model, inputs, kernels, diagnose=args.diagnose,
                         timing=not args.no_timing, warmup=args.warmup, repeat=args.repeat,
                         compile_backend=backend, weight_layout=args.weight_layout,
-                        description=description)
-    except ModelFailure as e:
+                        cuda_graphs=args.cuda_graphs, description=description)
+    except (ModelFailure, GraphCaptureError) as e:
         print(f"verify.py: error: {e}", file=sys.stderr)
         return 1
     print_report(report)

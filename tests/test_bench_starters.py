@@ -200,6 +200,11 @@ def test_goals(monkeypatch):
                                         library_us=190.0, library="cuBLAS"))
     assert matmul["goal_met"] is True and "0.90x library" in matmul["goal"]
     assert matmul["tflops"] == pytest.approx(2 * 4096 ** 3 / 210e-6 / 1e12)
+    assert matmul["pct_ceiling"] == pytest.approx(93.5, abs=0.1) and not matmul["above_ceiling"]
+    # 180 us is 764 TFLOP/s, above the measured 700: capped at 100%, flagged, never 109%
+    beats = judge("matmul", _timed_row("matmul", (4096, 4096, 4096), starter_us=180.0,
+                                       library_us=190.0, library="cuBLAS"))
+    assert beats["pct_ceiling"] == 100.0 and beats["above_ceiling"]
     mlp = judge("fused_mlp", _timed_row("fused_mlp", (2048, 4096, 11008), starter_us=1000.0,
                                         eager_us=920.0))
     assert mlp["goal_met"] is False and mlp["goal"].startswith("NOT met: 0.92x eager")

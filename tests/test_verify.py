@@ -2,8 +2,8 @@
 real calls and matching outputs, a wrong kernel caught and named by --diagnose, a kernel that
 never runs failed, bad input answered in one line.
 
-The kernels are the small, interpreter-friendly ones in tests/kernels_for_verify/ (one per type,
-plus wrong_rmsnorm.py, deliberately wrong); models are tiny configs of models/."""
+The kernels are the small, interpreter-friendly ones in tests/kernels_for_verify/ (one per type;
+the wrong ones are written from them by the tests); models are tiny configs of models/."""
 import json
 import os
 import subprocess
@@ -91,6 +91,32 @@ def test_gpt2_fp16_layernorm_and_linear_with_bias():
     assert "F.linear bias added in torch after the kernel" in by_name(report)["matmul"]["notes"]
 
 
+def test_unaligned_vocab_is_padded_and_dispatched_by_the_model_shape(tmp_path):
+    """An odd vocabulary (GPT-2's 50257) gives W.t() rows that are not 16-byte aligned: the
+    weight copy gets zero columns, the kernel sees N=136, and the model, the report and the
+    dispatch see N=131."""
+    torch.manual_seed(0)
+    cfg = gpt2.GPT2Config(vocab_size=131, max_seq=32, n_layer=1, n_head=2, dim=64)
+    model = nontrivial_norms(gpt2.GPT2(cfg)).half()
+    lm_head = {"name": "matmul_lm_head", "kernel_type": "matmul", "file": str(KDIR / "matmul.py"),
+               "shapes": [[16, 131, 64]], "dtype": "fp16"}
+    rest = dict(lm_head, name="matmul_rest", shapes=[])
+    (tmp_path / "plan.json").write_text(json.dumps({"kernels": [lm_head, rest]}))
+
+    class Args:
+        kernels, starters, plan = None, False, str(tmp_path / "plan.json")
+    weights = verify.WeightCache()
+    padded = weights.transposed(model.wte.weight)  # the lm_head is tied to the embedding
+    assert padded.shape == (64, 136) and padded.is_contiguous()
+    assert torch.equal(padded[:, :131], model.wte.weight.t()) and not padded[:, 131:].any()
+    report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), verify.select_kernels(Args),
+                           timing=False)
+    entry = by_name(report)["matmul_lm_head"]
+    assert entry["calls"] == 1 and entry["shapes"] == ["16x131x64"], entry
+    assert by_name(report)["matmul_rest"]["calls"] == 4  # qkv, proj, fc, fc proj (aligned)
+    assert report["passed"] and report["correctness"]["shape"] == [1, 16, 131]
+
+
 def test_custom_softmax_sum_cross_entropy_and_timing():
     torch.manual_seed(0)
     cfg = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32)
@@ -110,6 +136,9 @@ def test_custom_softmax_sum_cross_entropy_and_timing():
     assert not report["timing_meaningful"]
     for e in report["kernels"]:
         assert e["alone_ms"] > 0 and e["gain_ms"] == pytest.approx(t["eager_ms"] - e["alone_ms"])
+    assert t["gainers"] == [e["name"] for e in report["kernels"] if e["gain_ms"] > 0]
+    # the gainers are timed together only when they are some, not all, of the kernels
+    assert (t["gainers_ms"] is not None) == (0 < len(t["gainers"]) < len(names))
 
 
 def test_wrong_softmax_in_custom_model_is_caught(tmp_path):
@@ -351,8 +380,14 @@ def tiny_model(tmp_path):
 
 
 def test_wrong_kernel_fails_and_diagnose_names_it(tiny_model, tmp_path, capsys):
+    source = (KDIR / "rmsnorm.py").read_text()
+    wrong = source.replace("SCALE = 1.0", 'SCALE = 1.25  # deliberately wrong\n'
+                           'KERNEL_NAME = "wrong_rmsnorm"')
+    assert wrong != source
+    (tmp_path / "wrong_rmsnorm.py").write_text(wrong)
     out = tmp_path / "verify.json"
-    args = tiny_model + ["--kernels", kernel_paths("matmul", "wrong_rmsnorm"), "--out", str(out)]
+    args = tiny_model + ["--kernels", f"{kernel_paths('matmul')},{tmp_path / 'wrong_rmsnorm.py'}",
+                         "--out", str(out)]
     assert verify.main(args) == 1
     text = capsys.readouterr().out
     assert "outputs mismatch" in text and "--diagnose" in text and "verdict: FAIL" in text
@@ -394,7 +429,11 @@ def test_cli_subprocess_timing_compile_and_json(tiny_model, tmp_path):
     assert report["speedup_vs_compile"] > 0 and "NOT meaningful" in proc.stdout
     assert {e["name"]: e["calls"] > 0 for e in report["kernels"]} == {"rmsnorm": True,
                                                                       "matmul": True}
-    assert all(e["share"] is not None for e in report["kernels"])
+    t = report["timing"]
+    for e in report["kernels"]:  # a share of the gain exists only when there is a gain
+        assert (e["share"] is not None) == (t["eager_ms"] > t["kernels_ms"]), (e, t)
+        if e["share"] is not None:
+            assert e["share"] == pytest.approx(e["gain_ms"] / (t["eager_ms"] - t["kernels_ms"]))
 
 
 def test_hf_llama_swaps(tmp_path, capsys):
@@ -442,6 +481,7 @@ def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
         (["--kernels", kernel_paths("rmsnorm"), "--starters"], "not both"),
         (["--kernels", kernel_paths("rmsnorm"), "--repeat", "0"], "--repeat >= 1"),
         (["--kernels", kernel_paths("rmsnorm"), "--input-shape", "2by16"], "--input-shape"),
+        (["--kernels", kernel_paths("rmsnorm"), "--cuda-graphs"], "needs a CUDA GPU"),
     ]
     for extra, words in cases:
         argv = [a for a in tiny_model if a not in ("--input-shape", "2x16")] + extra \
@@ -466,3 +506,21 @@ def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, c
     assert "model flags from" in text and "--input-shape 1x8" in text
     report = json.loads(out.read_text())
     assert report["kernels"][0]["shapes"] == ["8x64"] and "tiny_llama.py" in report["model"]
+
+
+def test_ignore_index_check_never_reads_back_during_graph_capture(monkeypatch):
+    """Capturing a CUDA graph forbids the read-back: the warm-up's answer for that targets
+    shape is reused, and an unseen shape falls back to torch."""
+    clean, with_hit = verify.Swap([]), verify.Swap([])
+    assert not verify._hits_ignore_index(clean, torch.tensor([1, 2, 3]), -100)
+    assert verify._hits_ignore_index(with_hit, torch.tensor([1, -100, 3]), -100)
+    assert not verify._hits_ignore_index(with_hit, torch.tensor([1, 2, 3]), -100)  # a later call
+
+    def no_read_back(*args, **kwargs):
+        raise AssertionError("read back during a capture")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "any", no_read_back)
+    assert not verify._hits_ignore_index(clean, torch.tensor([4, 5, 6]), -100)
+    assert verify._hits_ignore_index(with_hit, torch.tensor([4, 5, 6]), -100)  # seen at warm-up
+    assert verify._hits_ignore_index(clean, torch.tensor([4, 5]), -100)        # never seen
