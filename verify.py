@@ -62,11 +62,11 @@ is timed with ONLY that kernel swapped in; gain_ms = eager_ms - alone_ms, share 
 (kernels interact, timings are noisy).
 When some kernels gain and others lose, the gainers are also timed together: what shipping only
 them would give.
---cuda-graphs times all of these as replays of a CUDA graph of the forward. A Triton launch costs
-tens of microseconds of host time (on the H100 machine, 50-100 us per call against cuBLAS's
-~20), so a forward with many swapped calls can become host-bound and lose to eager even when
-every kernel is faster on the GPU; graphs remove launch overhead for every variant alike, as a
-serving engine would.
+--cuda-graphs times all of these as replays of a CUDA graph of the forward. A starter's call costs
+tens of microseconds of host time (on the H100 machine, 40-130 us against 15-30 for the torch op
+it replaces), so a forward with many swapped calls can become host-bound and lose to eager even
+when every kernel is faster on the GPU, and plain-launch timings swing with the host's load;
+graphs remove launch overhead for every variant alike, as a serving engine would.
 
 --diagnose runs each kernel alone against the original model and names every kernel that breaks
 it, one line each; it skips the timings.

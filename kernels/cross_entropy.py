@@ -100,19 +100,30 @@ def _sm_count(device_index):
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Host-side arithmetic is cached per shape: triton.cdiv and triton.next_power_of_2 are
+# ConstexprFunctions costing ~2.5 us a call on the host, and this plan needs eight of them.
+@functools.lru_cache(maxsize=None)
+def _plan(M, V, block_n, splits, sm_count):
+    """(block_n, splits, cols_per_split, splits_pow2, block_r) for M rows of V logits."""
+    block_n = block_n or min(4096, triton.next_power_of_2(V))
+    chunks = triton.cdiv(V, block_n)
+    if splits is None:  # enough programs for ~4 per SM, never a split smaller than a chunk
+        splits = min(chunks, max(1, triton.cdiv(4 * sm_count, max(M, 1))))
+    cols_per_split = triton.cdiv(chunks, splits) * block_n
+    splits = triton.cdiv(V, cols_per_split)  # drop splits that would start past the row's end
+    splits_pow2 = triton.next_power_of_2(splits)
+    block_r = min(triton.next_power_of_2(max(M, 1)), max(1, 4096 // splits_pow2))
+    return block_n, splits, cols_per_split, splits_pow2, block_r
+
+
 def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=4, num_stages=2,
                   evict="evict_first"):
     """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
     M, V = logits.shape
     dev = logits.device
     loss = torch.empty((), dtype=torch.float32, device=dev)
-    block_n = block_n or min(4096, triton.next_power_of_2(V))
-    chunks = triton.cdiv(V, block_n)
-    if splits is None:  # enough programs for ~4 per SM, never a split smaller than a chunk
-        target_programs = 4 * _sm_count(dev.index if dev.type == "cuda" else None)
-        splits = min(chunks, max(1, triton.cdiv(target_programs, max(M, 1))))
-    cols_per_split = triton.cdiv(chunks, splits) * block_n
-    splits = triton.cdiv(V, cols_per_split)  # drop splits that would start past the row's end
+    block_n, splits, cols_per_split, splits_pow2, block_r = _plan(
+        M, V, block_n, splits, _sm_count(dev.index if dev.type == "cuda" else None))
     part_max = torch.empty((M, splits), dtype=torch.float32, device=dev)
     part_sum = torch.empty((M, splits), dtype=torch.float32, device=dev)
     target_logit = torch.empty((M,), dtype=torch.float32, device=dev)
@@ -122,8 +133,6 @@ def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=4, num_s
             logits.stride(1), cols_per_split, SPLITS=splits, BLOCK_N=block_n,
             NUM_STAGES=num_stages, EVICT=evict,
             num_warps=num_warps)
-    splits_pow2 = triton.next_power_of_2(splits)
-    block_r = min(triton.next_power_of_2(max(M, 1)), max(1, 4096 // splits_pow2))
     mean_loss_kernel[(1,)](part_max, part_sum, target_logit, targets, loss, M, IGNORE_INDEX,
                            SPLITS=splits, SPLITS_POW2=splits_pow2, BLOCK_R=block_r,
                            num_warps=8)

@@ -126,6 +126,10 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H
              out.to(o_ptr.dtype.element_ty), mask=q_mask)
 
 
+# Host-side arithmetic is plain Python and configs are cached per shape: triton.cdiv and
+# triton.next_power_of_2 are ConstexprFunctions costing ~2.5 us a call on the host, and a
+# model launches these kernels hundreds of times a forward.
+@functools.lru_cache(maxsize=None)
 def pick_config(S, D, dtype):
     """BLOCK_M query rows per program, BLOCK_N keys per step, by head dim (register budget)."""
     if dtype == torch.float32:  # 4-byte tiles and tf32x3: keep tiles small
@@ -172,7 +176,7 @@ def flash_attention(Q, K, V, config=None, tma=None):
     cfg = dict(config or pick_config(S, D, Q.dtype))
     BM, BN = cfg["BLOCK_M"], cfg["BLOCK_N"]
     assert BM % BN == 0, "BLOCK_M must be a multiple of BLOCK_N"
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, 1 << (D - 1).bit_length())  # next power of 2
     if tma is None:
         tma = B * H * S * S * D >= TMA_MIN_WORK and _gpu_has_tma(Q)
     views = [_rows_view(t) for t in (Q, K, V)] if tma and block_d == D else [None]
@@ -183,7 +187,7 @@ def flash_attention(Q, K, V, config=None, tma=None):
                  for v, rows in zip(views, (BM, BN, BN))]
     else:
         descs = [None, None, None]
-    grid = (B * H, triton.cdiv(S, BM))
+    grid = (B * H, (S + BM - 1) // BM)
     flash_attention_kernel[grid](
         Q, K, V, O, *descs, H, S, D, LOG2E / math.sqrt(D),
         *Q.stride(), *K.stride(), *V.stride(), *O.stride(),

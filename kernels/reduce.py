@@ -16,6 +16,8 @@ one tile: 39.0 us at best; eager 45.8 us).
 Usage:
   uv run bench.py --kernel kernels/reduce.py
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -46,6 +48,10 @@ def reduce_rows_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_y,
         tl.store(y_ptr + rows * stride_y, total.to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
+# Host-side arithmetic is plain Python and configs are cached per shape: triton.cdiv and
+# triton.next_power_of_2 are ConstexprFunctions costing ~2.5 us a call on the host, and a
+# model launches these kernels hundreds of times a forward.
+@functools.lru_cache(maxsize=None)
 def _config(M, N, fused):
     """Short rows: ~8K elements a tile (~32 fp32 values per thread), whole rows. Long rows: one
     row per program, 1024 columns a step, 8 warps (the H200 sweep's best at 16384x4096)."""
@@ -70,7 +76,7 @@ def reduce(x, fused=None, block_n=None, num_warps=None, block_m=None, programs=N
         fused = N <= MAX_FUSED_N
     bm, bn, nw = _config(M, N, fused)
     bm, bn, nw = block_m or bm, block_n or bn, num_warps or nw
-    tiles = triton.cdiv(M, bm)
+    tiles = (M + bm - 1) // bm
     reduce_rows_kernel[(min(tiles, programs or tiles),)](
         x2, y, M, N, x2.stride(0), x2.stride(1), y.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=num_stages or 1, EVICT=evict, num_warps=nw)

@@ -20,6 +20,8 @@ Usage:
   uv run bench.py --kernel kernels/softmax.py      # the gate
   cp kernels/softmax.py kernel.py                  # start the agent from here
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -111,6 +113,10 @@ def softmax_looped_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym, s
                          ALIGN, BLOCK_N)
 
 
+# Host-side arithmetic is plain Python and configs are cached per shape: triton.cdiv and
+# triton.next_power_of_2 are ConstexprFunctions costing ~2.5 us a call on the host, and a
+# model launches these kernels hundreds of times a forward.
+@functools.lru_cache(maxsize=None)
 def _fused_config(M, N):
     """Whole rows per program: about 8K elements a tile, ~16 fp32 values per thread."""
     block_n = triton.next_power_of_2(N)
@@ -133,7 +139,7 @@ def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="",
     if fused:
         bm, bn, nw = _fused_config(M, N)
         bm, nw = block_m or bm, num_warps or nw
-        softmax_fused_kernel[(triton.cdiv(M, bm),)](
+        softmax_fused_kernel[((M + bm - 1) // bm,)](
             x2, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
     else:

@@ -98,7 +98,8 @@ def snapshot(repo):
             "head_message": git(repo, "log", "-1", "--format=%s").strip(),
             "kernel": (repo / "kernel.py").read_text(),
             "committed_kernel": git(repo, "show", "HEAD:kernel.py"),
-            "results": pd.read_csv(results, sep="\t", keep_default_na=False)
+            "results": pd.read_csv(results, sep="\t", keep_default_na=False,
+                                   dtype={"commit": str})  # a hash can be all digits
             if results.exists() else None}
 
 
