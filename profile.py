@@ -67,7 +67,8 @@ from torch.profiler import ProfilerActivity, record_function
 
 DEFAULT_MODEL = autokernel.MODELS_DIR / "llama.py"
 CPU_INPUT_SHAPE = (1, 32)   # token models on a CPU: small enough that the default run is seconds
-LAUNCH_BOUND_PCT = 60.0
+LAUNCH_BOUND_PCT = 60.0    # below: launch-bound, fix that before kernels
+PARTLY_IDLE_PCT = 85.0     # below: worth saying how much of the wall time kernels can't touch
 SCOPE_PREFIX = "autokernel::"
 
 
@@ -924,6 +925,10 @@ def print_report(result, top):
               "kernels can't fix the idle gaps. Use a larger batch or sequence, CUDA graphs, or "
               "torch.compile (mode='reduce-overhead') before optimizing kernels; the Amdahl "
               "ceilings above assume a busy GPU.")
+    elif r["gpu_busy_pct"] is not None and r["gpu_busy_pct"] < PARTLY_IDLE_PCT:  # GPU only
+        print(f"partly launch-bound: the GPU idles {100 - r['gpu_busy_pct']:.0f}% of the wall "
+              "time; faster kernels shrink only the busy part (CUDA graphs or a larger batch "
+              "shrink the rest).")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,6 +160,12 @@ def test_launch_bound_report(capsys):
     out = capsys.readouterr().out
     assert "launch-bound: the GPU is busy only 26% of the time" in out
     assert "CUDA graphs" in out
+    # 64% busy (the custom model on the H100): not launch-bound, but the idle share is said
+    profile_script.print_report(dict(result, gpu_busy_pct=64.0, launch_bound=False), top=10)
+    out = capsys.readouterr().out
+    assert "partly launch-bound: the GPU idles 36% of the wall time" in out
+    profile_script.print_report(dict(result, gpu_busy_pct=97.0, launch_bound=False), top=10)
+    assert "launch-bound" not in capsys.readouterr().out
 
 
 # ---- loaders: KernelBench, transformers, and bad input ----------------------------------------
