@@ -63,7 +63,7 @@ is timed with ONLY that kernel swapped in; gain_ms = eager_ms - alone_ms, share 
 When some kernels gain and others lose, the gainers are also timed together: what shipping only
 them would give.
 --cuda-graphs times all of these as replays of a CUDA graph of the forward. A starter's call costs
-tens of microseconds of host time (on the H100 machine, 40-130 us against 15-30 for the torch op
+tens of microseconds of host time (on the H100 machine, 40-190 us against 15-30 for the torch op
 it replaces), so a forward with many swapped calls can become host-bound and lose to eager even
 when every kernel is faster on the GPU, and plain-launch timings swing with the host's load;
 graphs remove launch overhead for every variant alike, as a serving engine would.
