@@ -3,18 +3,24 @@ Cross-entropy loss of logits[M, V] against int64 targets[M], mean over rows -> f
 Triton. Starter kernel for AutoKernel. Targets equal to -100 (F.cross_entropy's default
 ignore_index) are left out of the mean, as torch does.
 
-Two launches, no atomics (the gate checks bitwise determinism):
-  1. grid (M, SPLITS): each program reads its slice of one row ONCE, keeping an online max
-     (one per slice) and per-lane sums of exp (one exp per element), and writes the slice's
-     (max, sum). The program of
-     split 0 also fetches the row's target logit. SPLITS > 1 only when there are too few rows to
-     fill the GPU (a vocab-sized row is then spread over several programs).
-  2. one program combines the partials into each row's logsumexp, subtracts the target logit and
-     sums the losses in a fixed order, then divides by the number of counted rows.
+One launch, grid (M, SPLITS): each program reads its slice of one row ONCE, keeping an online
+max (one per slice) and per-lane sums of exp (one exp per element). SPLITS > 1 only when there
+are too few rows to fill the GPU (a vocab-sized row is then spread over several programs).
+  * SPLITS == 1: the program saw the whole row, so it writes the row's loss right away
+    (logsumexp - target logit, 0 for an ignored row).
+  * SPLITS > 1: each program writes its slice's (max, sum); split 0 also the target logit.
+Then each program takes a ticket from an atomic counter. The one holding the last ticket knows
+everything is written: it sums the row losses (first putting split rows' logsumexps together
+from their partials) in a fixed order and divides by the number of counted rows. The counter is
+the only atomic and the sum's order never depends on who finished last, so the loss is bitwise
+deterministic (the gate checks). A second, one-program kernel for the mean (the earlier design)
+ran ~11 us after the main one on the H100 (a launch gap and a cold start); with the same main
+loop, one launch measured ~190 us at 8192x32000 against ~195 for two.
 
-BLOCK_N 4096, 4 warps, 2 pipeline stages: the best of a sweep (BLOCK_N 1024-8192, 4-16 warps)
-on the H200 at both shapes below, fp16: 8192x32000 161 us, 4096x128256 291 us (3.3 and 3.6 TB/s;
-eager 1593 / 3497 us). BENCHMARKS.md has the side-by-side table with torch.compile.
+BLOCK_N 4096, 8 warps, 4 pipeline stages (tl.range keeps 4 chunks in flight). On the H100,
+fp16: 8192x32000 191 us, 2.75 TB/s, 92% of copy (two launches and 4 warps, 2 stages: 204 us);
+4096x128256 365 us, 2.88 TB/s, 96% (was 382). Best of a sweep of 4-8 warps, 2-4 stages,
+BLOCK_N 2048-8192 and 1-8 rows per program; BENCHMARKS.md has the side-by-side table.
 
 Usage:
   uv run bench.py --kernel kernels/cross_entropy.py
@@ -34,10 +40,12 @@ IGNORE_INDEX = -100
 
 
 @triton.jit
-def row_logsumexp_partial_kernel(logits_ptr, targets_ptr, part_max_ptr, part_sum_ptr,
-                                 target_logit_ptr, V, stride_m, stride_v, cols_per_split,
-                                 SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 NUM_STAGES: tl.constexpr, EVICT: tl.constexpr):
+def cross_entropy_kernel(logits_ptr, targets_ptr, part_max_ptr, part_sum_ptr, per_row_ptr,
+                         ticket_ptr, loss_ptr, M, V, stride_m, stride_v, cols_per_split,
+                         ignore_index, SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, NUM_STAGES: tl.constexpr,
+                         EVICT: tl.constexpr):
+    """per_row: each row's loss (0 where ignored) when SPLITS == 1, else its target logit."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_m
@@ -58,37 +66,54 @@ def row_logsumexp_partial_kernel(logits_ptr, targets_ptr, part_max_ptr, part_sum
         m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # all -inf so far: exp2(-inf) = 0
         s = s * tl.exp2((m - m_ref) * LOG2E) + tl.exp2((x - m_ref) * LOG2E)
         m = m_new
-    tl.store(part_max_ptr + row * SPLITS + split, m)
-    tl.store(part_sum_ptr + row * SPLITS + split, tl.sum(s, axis=0))
-    if split == 0:
-        target = tl.load(targets_ptr + row)
-        in_range = (target >= 0) & (target < V)  # ignore_index rows fetch nothing
-        t_logit = tl.load(row_ptr + target * stride_v, mask=in_range, other=0.0)
-        tl.store(target_logit_ptr + row, t_logit.to(tl.float32))
+    target = tl.load(targets_ptr + row)
+    in_range = (target >= 0) & (target < V)  # ignore_index rows fetch nothing
+    t_logit = tl.load(row_ptr + target * stride_v, mask=in_range, other=0.0).to(tl.float32)
+    if SPLITS == 1:
+        # This program saw the whole row: its loss now, so the finish reads one number a row.
+        lse = m + tl.log2(tl.sum(s, axis=0)) * LN2
+        tl.store(per_row_ptr + row, tl.where(target != ignore_index, lse - t_logit, 0.0))
+    else:
+        tl.store(part_max_ptr + row * SPLITS + split, m)
+        tl.store(part_sum_ptr + row * SPLITS + split, tl.sum(s, axis=0))
+        if split == 0:
+            tl.store(per_row_ptr + row, t_logit)
+    # The barrier orders every thread's stores above before the ticket; the ticket's acq_rel
+    # makes them visible to whichever program draws the last one, before it reads them.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr, 1)
+    if ticket == M * SPLITS - 1:
+        _mean_loss(part_max_ptr, part_sum_ptr, per_row_ptr, targets_ptr, loss_ptr, M,
+                   ignore_index, SPLITS, SPLITS_POW2, BLOCK_R)
 
 
 @triton.jit
-def mean_loss_kernel(part_max_ptr, part_sum_ptr, target_logit_ptr, targets_ptr, loss_ptr, M,
-                     ignore_index, SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
-                     BLOCK_R: tl.constexpr):
+def _mean_loss(part_max_ptr, part_sum_ptr, per_row_ptr, targets_ptr, loss_ptr, M,
+               ignore_index, SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
+               BLOCK_R: tl.constexpr):
+    """Mean of the counted rows' losses, summed in a fixed order. With SPLITS > 1 each row's
+    logsumexp is first put together from its slices' (max, sum) partials."""
     r = tl.arange(0, BLOCK_R)
-    k = tl.arange(0, SPLITS_POW2)
     loss_acc = tl.zeros([BLOCK_R], tl.float32)
     count_acc = tl.zeros([BLOCK_R], tl.float32)
     for start in range(0, M, BLOCK_R):
         rows = start + r
         row_ok = rows < M
-        mask = row_ok[:, None] & (k < SPLITS)[None, :]
-        offs = rows[:, None] * SPLITS + k[None, :]
-        pm = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
-        ps = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
-        row_max = tl.max(pm, axis=1)
-        scale = tl.where(pm == -float("inf"), 0.0, tl.exp2((pm - row_max[:, None]) * LOG2E))
-        lse = row_max + tl.log2(tl.sum(ps * scale, axis=1)) * LN2
         target = tl.load(targets_ptr + rows, mask=row_ok, other=ignore_index)
         counted = row_ok & (target != ignore_index)
-        t_logit = tl.load(target_logit_ptr + rows, mask=counted, other=0.0)
-        loss_acc += tl.where(counted, lse - t_logit, 0.0)
+        if SPLITS == 1:
+            loss_acc += tl.load(per_row_ptr + rows, mask=row_ok, other=0.0)
+        else:
+            k = tl.arange(0, SPLITS_POW2)
+            mask = row_ok[:, None] & (k < SPLITS)[None, :]
+            offs = rows[:, None] * SPLITS + k[None, :]
+            pm = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
+            ps = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+            row_max = tl.max(pm, axis=1)
+            scale = tl.where(pm == -float("inf"), 0.0, tl.exp2((pm - row_max[:, None]) * LOG2E))
+            lse = row_max + tl.log2(tl.sum(ps * scale, axis=1)) * LN2
+            t_logit = tl.load(per_row_ptr + rows, mask=counted, other=0.0)
+            loss_acc += tl.where(counted, lse - t_logit, 0.0)
         count_acc += counted.to(tl.float32)
     tl.store(loss_ptr, tl.sum(loss_acc, axis=0) / tl.sum(count_acc, axis=0))
 
@@ -103,7 +128,7 @@ def _sm_count(device_index):
 # Host-side arithmetic is cached per shape: triton.cdiv and triton.next_power_of_2 are
 # ConstexprFunctions costing ~2.5 us a call on the host, and this plan needs eight of them.
 @functools.lru_cache(maxsize=None)
-def _plan(M, V, block_n, splits, sm_count):
+def _plan(M, V, block_n, splits, block_r, sm_count):
     """(block_n, splits, cols_per_split, splits_pow2, block_r) for M rows of V logits."""
     block_n = block_n or min(4096, triton.next_power_of_2(V))
     chunks = triton.cdiv(V, block_n)
@@ -112,30 +137,30 @@ def _plan(M, V, block_n, splits, sm_count):
     cols_per_split = triton.cdiv(chunks, splits) * block_n
     splits = triton.cdiv(V, cols_per_split)  # drop splits that would start past the row's end
     splits_pow2 = triton.next_power_of_2(splits)
-    block_r = min(triton.next_power_of_2(max(M, 1)), max(1, 4096 // splits_pow2))
+    # The finish reads 2048 partials a step: more registers there would cost the main loop
+    # occupancy (4096 a step measured ~10 us slower at 8192x32000 on the H100).
+    block_r = block_r or min(triton.next_power_of_2(max(M, 1)), max(1, 2048 // splits_pow2))
     return block_n, splits, cols_per_split, splits_pow2, block_r
 
 
-def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=4, num_stages=2,
-                  evict="evict_first"):
+def cross_entropy(logits, targets, splits=None, block_n=None, num_warps=8, num_stages=4,
+                  evict="evict_first", block_r=None):
     """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
     M, V = logits.shape
     dev = logits.device
+    if M == 0:  # the mean over no rows, as torch has it
+        return torch.full((), float("nan"), dtype=torch.float32, device=dev)
     loss = torch.empty((), dtype=torch.float32, device=dev)
     block_n, splits, cols_per_split, splits_pow2, block_r = _plan(
-        M, V, block_n, splits, _sm_count(dev.index if dev.type == "cuda" else None))
-    part_max = torch.empty((M, splits), dtype=torch.float32, device=dev)
-    part_sum = torch.empty((M, splits), dtype=torch.float32, device=dev)
-    target_logit = torch.empty((M,), dtype=torch.float32, device=dev)
-    if M > 0:
-        row_logsumexp_partial_kernel[(M, splits)](
-            logits, targets, part_max, part_sum, target_logit, V, logits.stride(0),
-            logits.stride(1), cols_per_split, SPLITS=splits, BLOCK_N=block_n,
-            NUM_STAGES=num_stages, EVICT=evict,
-            num_warps=num_warps)
-    mean_loss_kernel[(1,)](part_max, part_sum, target_logit, targets, loss, M, IGNORE_INDEX,
-                           SPLITS=splits, SPLITS_POW2=splits_pow2, BLOCK_R=block_r,
-                           num_warps=8)
+        M, V, block_n, splits, block_r, _sm_count(dev.index if dev.type == "cuda" else None))
+    part_max, part_sum = torch.empty((2, M, splits), dtype=torch.float32, device=dev)
+    per_row = torch.empty((M,), dtype=torch.float32, device=dev)
+    ticket = torch.zeros((), dtype=torch.int32, device=dev)
+    cross_entropy_kernel[(M, splits)](
+        logits, targets, part_max, part_sum, per_row, ticket, loss, M, V,
+        logits.stride(0), logits.stride(1), cols_per_split, IGNORE_INDEX, SPLITS=splits,
+        SPLITS_POW2=splits_pow2, BLOCK_N=block_n, BLOCK_R=block_r,
+        NUM_STAGES=num_stages, EVICT=evict, num_warps=num_warps)
     return loss
 
 

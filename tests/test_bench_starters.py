@@ -192,7 +192,10 @@ def test_goals(monkeypatch):
     fast = judge("softmax", _timed_row("softmax", (8192, 8192), starter_us=95.0, eager_us=271.0,
                                        compile_us=126.0))
     assert fast["goal_met"] is True and fast["pct_ceiling"] == pytest.approx(94.2, abs=0.1)
-    assert fast["x_compile"] == pytest.approx(126 / 95)
+    assert fast["x_compile"] == pytest.approx(126 / 95) and fast["pct_same_copy"] is None
+    # a copy of the same 256 MiB took 90 us: the starter runs at 90/95 of that copy's speed
+    same = judge("softmax", _timed_row("softmax", (8192, 8192), starter_us=95.0, copy_us=90.0))
+    assert same["pct_same_copy"] == pytest.approx(100 * 90 / 95)
     no_compile = judge("softmax", _timed_row("softmax", (8192, 8192), starter_us=95.0))
     assert no_compile["goal_met"] is None and "compile" in no_compile["goal"]
 
@@ -228,7 +231,7 @@ def test_markdown_for_gpu_rows(monkeypatch):
     judge = bench_starters.judge
     rows = [judge(autokernel.KERNEL_TYPES[kernel], row, ceilings) for kernel, row in [
         ("softmax", _timed_row("softmax", (8192, 8192), starter_us=95.0, eager_us=271.0,
-                               compile_us=126.0)),
+                               compile_us=126.0, copy_us=93.1)),
         ("flash_attention", _timed_row("flash_attention", (2, 32, 2048, 128), starter_us=200.0,
                                        eager_us=2703.0, library_us=151.0, library="SDPA",
                                        compile_error="RuntimeError: boom")),
@@ -239,7 +242,8 @@ def test_markdown_for_gpu_rows(monkeypatch):
             "ceilings": ceilings, "seconds": 412.0}
     table = bench_starters.markdown(rows, meta)
     assert "mode=max-autotune-no-cudagraphs" in table and "do_bench medians" in table
-    assert ("| softmax | 8192x8192 | fp16 | 95.0 | 271.0 | 126.0 | - | 2,826 GB/s | 94% | 2.85x "
+    assert ("| softmax | 8192x8192 | fp16 | 95.0 | 271.0 | 126.0 | - | 2,826 GB/s | 94% | "
+            "98% (93.1 us) | 2.85x "
             "| 1.33x | - | met: 94% of copy (>= 90), 1.33x compile (> 1) |") in table
     assert "| 151.0 (SDPA) |" in table and "NOT met: 0.76x library (>= 1.0)" in table
     assert "| matmul | 64x64x64 | fp16 | CRASH |" in table
