@@ -85,10 +85,13 @@ def layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_xm, stride_xn,
 @functools.lru_cache(maxsize=None)
 def _fused_config(M, N):
     """Whole rows per program: about 8K elements a tile, ~32 fp32 values per thread (8 warps
-    for 8K elements measured 5% faster than 16 on the H200 at 8192x4096)."""
+    for 8K elements measured 5% faster than 16 on the H200 at 8192x4096). Rows of up to 1024:
+    2K-element tiles with 4 warps, which ran at the speed of a same-bytes copy at 16384x768 on
+    the H100 (22.7 us) where 8K tiles took 25.0 (BENCHMARKS.md section 8)."""
     block_n = triton.next_power_of_2(N)
-    block_m = min(max(1, 8192 // block_n), triton.next_power_of_2(M))
-    num_warps = min(16, max(1, block_m * block_n // 1024))
+    short = block_n <= 1024
+    block_m = min(max(1, (2048 if short else 8192) // block_n), triton.next_power_of_2(M))
+    num_warps = min(16, max(1, block_m * block_n // (512 if short else 1024)))
     return block_m, block_n, num_warps
 
 

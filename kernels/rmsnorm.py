@@ -67,9 +67,12 @@ def rmsnorm_looped_kernel(x_ptr, w_ptr, y_ptr, N, stride_xm, stride_xn, stride_y
 # model launches these kernels hundreds of times a forward.
 @functools.lru_cache(maxsize=None)
 def _fused_config(M, N):
-    """Whole rows per program: about 8K elements a tile, ~16 fp32 values per thread."""
+    """Whole rows per program, ~16 fp32 values per thread, 8K elements a tile; 2K for rows of up
+    to 1024 (at 16384x768 and 32768x512 on the H100, 2K tiles with 4 warps ran at the speed of a
+    same-bytes copy and 8K tiles 1-5% slower: BENCHMARKS.md section 8)."""
     block_n = triton.next_power_of_2(N)
-    block_m = min(max(1, 8192 // block_n), triton.next_power_of_2(M))
+    tile = 2048 if block_n <= 1024 else 8192
+    block_m = min(max(1, tile // block_n), triton.next_power_of_2(M))
     num_warps = min(16, max(1, block_m * block_n // 512))
     return block_m, block_n, num_warps
 
