@@ -302,10 +302,9 @@ def judge(ktype, row, ceilings):
     """Derived numbers and issue 3's goal for one finished row (added to the row)."""
     shape, dtype = tuple(row["shape"]), row["dtype"]
     row.update({f"x_{what}": _ratio(row[f"{what}_us"], row["starter_us"]) for what in BASELINES})
+    same_copy = _ratio(row["copy_us"], row["starter_us"])  # copy time / starter time
     row.update(gb_s=None, tflops=None, pct_ceiling=None, goal_met=None,
-               pct_same_copy=_ratio(row["copy_us"], row["starter_us"]))
-    if row["pct_same_copy"] is not None:
-        row["pct_same_copy"] *= 100
+               pct_same_copy=None if same_copy is None else 100 * same_copy)
     if row["starter_us"] is None:
         row["goal"] = f"NOT met ({row['status'] or 'no result'})"
         row["goal_met"] = False

@@ -66,6 +66,8 @@ def cross_entropy_kernel(logits_ptr, targets_ptr, part_max_ptr, part_sum_ptr, pe
         m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # all -inf so far: exp2(-inf) = 0
         s = s * tl.exp2((m - m_ref) * LOG2E) + tl.exp2((x - m_ref) * LOG2E)
         m = m_new
+    # Every split fetches the target logit (one scalar load; only split 0 keeps it), so it
+    # exists on both branches below.
     target = tl.load(targets_ptr + row)
     in_range = (target >= 0) & (target < V)  # ignore_index rows fetch nothing
     t_logit = tl.load(row_ptr + target * stride_v, mask=in_range, other=0.0).to(tl.float32)
