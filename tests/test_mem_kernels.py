@@ -95,15 +95,17 @@ def test_softmax_both_paths_and_minus_inf():
     x[:, ::3] = float("-inf")
     x[1, :500] = float("-inf")
     ref = torch.softmax(x.double(), dim=-1)
-    for fused in (True, False):
-        out = softmax.softmax(x, fused=fused, block_n=256)
+    for fused, splits in ((True, None), (False, 1), (False, 3)):
+        out = softmax.softmax(x, fused=fused, block_n=256, splits=splits)
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    # rows that start off 16-byte boundaries (odd N) in fp16, and a row stride wider than N
+    # rows that start off 16-byte boundaries (odd N) in fp16, and a row stride wider than N;
+    # a persistent grid, and rows split into slices (at N=1020 row 0's last slice is empty)
     wide = autokernel.KERNEL_TYPES["softmax"].inputs((3, 1203), torch.float16, "cpu", gen)["x"]
-    for view in (wide[:, :1001], wide[:, 5:1006], wide):
-        out = softmax.softmax(view, fused=False, block_n=128, programs=2)
-        torch.testing.assert_close(out.double(), torch.softmax(view.double(), -1),
-                                   atol=1e-2, rtol=1e-2)
+    for view in (wide[:, :1001], wide[:, 5:1006], wide[:, :1020], wide):
+        want = torch.softmax(view.double(), -1)
+        for kwargs in (dict(programs=2), dict(splits=4), dict(splits=8)):
+            out = softmax.softmax(view, fused=False, block_n=128, **kwargs)
+            torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "reduce"])
