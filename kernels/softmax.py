@@ -153,10 +153,11 @@ def _program_slice(N, stride_xm, chunks_per_split, ALIGN: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def softmax_split_stats_kernel(x_ptr, part_max_ptr, part_sum_ptr, N, stride_xm, stride_xn,
-                               chunks_per_split, ALIGN: tl.constexpr, BLOCK_N: tl.constexpr):
+                               chunks_per_split, ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
+                               EVICT: tl.constexpr):
     row64, x_off, c_begin, num_chunks = _program_slice(N, stride_xm, chunks_per_split, ALIGN, BLOCK_N)
     m, s = _row_stats(x_ptr, x_off, c_begin, num_chunks, N, stride_xn, tl.arange(0, BLOCK_N),
-                      ALIGN, BLOCK_N, "evict_last")
+                      ALIGN, BLOCK_N, EVICT)
     out = row64 * tl.num_programs(1) + tl.program_id(1)
     tl.store(part_max_ptr + out, m)
     tl.store(part_sum_ptr + out, tl.sum(s, axis=0))
@@ -165,7 +166,7 @@ def softmax_split_stats_kernel(x_ptr, part_max_ptr, part_sum_ptr, N, stride_xm, 
 @triton.jit
 def softmax_split_write_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, N, stride_xm, stride_xn,
                                stride_ym, stride_yn, chunks_per_split, SPLITS_POW2: tl.constexpr,
-                               ALIGN: tl.constexpr, BLOCK_N: tl.constexpr):
+                               ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
     row64, x_off, c_begin, num_chunks = _program_slice(N, stride_xm, chunks_per_split, ALIGN, BLOCK_N)
     splits = tl.num_programs(1)
     k = tl.arange(0, SPLITS_POW2)
@@ -175,7 +176,7 @@ def softmax_split_write_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, N, stri
     scale = tl.where(pm == -float("inf"), 0.0, tl.exp2((pm - row_max) * LOG2E))
     inv_sum = 1.0 / tl.sum(ps * scale, axis=0)
     _write_chunks(x_ptr, y_ptr, x_off, row64 * stride_ym, c_begin, num_chunks, row_max, inv_sum,
-                  N, stride_xn, stride_yn, tl.arange(0, BLOCK_N), ALIGN, BLOCK_N, "evict_first")
+                  N, stride_xn, stride_yn, tl.arange(0, BLOCK_N), ALIGN, BLOCK_N, EVICT)
 
 
 # Host-side arithmetic is plain Python and configs are cached per shape: triton.cdiv and
@@ -202,17 +203,20 @@ def _sm_count(device_index):
 
 @functools.lru_cache(maxsize=None)
 def _long_row_plan(M, N, block_n, align, splits, sm_count):
-    """(block_n, splits, chunks_per_split) for rows too long for registers: enough programs for
-    ~4 per SM (so one program per row from 4 * sm_count rows on), never a slice shorter than a
-    chunk. Chunks: 2048 for one program per row (sweeps on the H100 and H200); split rows take
-    4096 once there is a program per SM anyway (132-264 rows: 5-12% faster on the H100)."""
+    """(block_n, splits, chunks_per_split, splits_pow2) for rows too long for registers: enough
+    programs for ~4 per SM (so one program per row from 4 * sm_count rows on), never a slice
+    shorter than a chunk. Chunks: 2048 for one program per row (sweeps on the H100 and H200);
+    split rows take 4096 once there is a program per SM anyway (132-264 rows: 5-12% faster on
+    the H100)."""
     if splits is None:
         splits = max(1, (4 * sm_count + M - 1) // M)
     if block_n is None:
         block_n = 4096 if 1 < splits and sm_count <= M else 2048
     chunks = (N + align - 1 + block_n - 1) // block_n   # the most any row's alignment lead needs
-    chunks_per_split = (chunks + min(splits, chunks) - 1) // min(splits, chunks)
-    return block_n, (chunks + chunks_per_split - 1) // chunks_per_split, chunks_per_split
+    splits = min(splits, chunks)
+    chunks_per_split = (chunks + splits - 1) // splits
+    splits = (chunks + chunks_per_split - 1) // chunks_per_split  # none starting past the row
+    return block_n, splits, chunks_per_split, triton.next_power_of_2(splits)
 
 
 def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="", programs=None,
@@ -241,7 +245,7 @@ def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="",
         align = 1
     if programs:   # a persistent grid strides over whole rows
         splits = 1
-    bn, splits, chunks_per_split = _long_row_plan(
+    bn, splits, chunks_per_split, splits_pow2 = _long_row_plan(
         M, N, block_n, align, splits, _sm_count(x.device.index if x.is_cuda else None))
     if splits == 1:
         softmax_looped_kernel[(min(M, programs or M),)](
@@ -251,10 +255,10 @@ def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="",
     part_max, part_sum = torch.empty((2, M, splits), dtype=torch.float32, device=x.device)
     softmax_split_stats_kernel[(M, splits)](
         x2, part_max, part_sum, N, x2.stride(0), x2.stride(1), chunks_per_split,
-        ALIGN=align, BLOCK_N=bn, num_warps=nw)
+        ALIGN=align, BLOCK_N=bn, EVICT=evict1, num_warps=nw)
     softmax_split_write_kernel[(M, splits)](
         x2, y, part_max, part_sum, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-        chunks_per_split, SPLITS_POW2=triton.next_power_of_2(splits), ALIGN=align, BLOCK_N=bn,
+        chunks_per_split, SPLITS_POW2=splits_pow2, ALIGN=align, BLOCK_N=bn, EVICT=evict2,
         num_warps=nw)
     return y.view(x.shape)
 
