@@ -1,25 +1,28 @@
 """
 Softmax over the last dim of x[M, N], in Triton. Starter kernel for AutoKernel.
 
-Three paths, picked by row length and row count:
+Three paths, picked by row length:
   * rows that fit in registers (N <= MAX_FUSED_N): one read, one write. Each program owns a
     [BLOCK_M, BLOCK_N] tile of whole rows (several rows per program when rows are short).
-  * long rows (vocab-sized, e.g. 50257): one program per row loops over the row twice.
-    Pass 1 keeps a running max (one per row) and per-lane sums of exp (online softmax, one exp
-    per element) and loads with evict_last; pass 2 re-reads the row (last chunk first, so it is
-    most likely still in L2, then evict_first) and writes. Chunks start on 16-byte boundaries
-    even when rows don't (odd N), so the loads inside the row are unmasked 16-byte vectors.
-    2048-element chunks, 4 warps: the best of a sweep on the H200 (chunks 2048-8192, 4-32
-    warps): 338 us at 4096x50257 fp16, eager 352 us. On the H100 (429 us, eager 388) a
-    persistent grid sized so the rows in flight fit in L2, whole rows in registers (they
-    spill) and 1024-thread programs all measured slower: the second read comes from HBM, so
-    this path runs at about 64% of the copy bandwidth, the weakest of the starters.
-  * few long rows (fewer than 4 per SM, e.g. the logits of one decoding step): one program per
-    row would leave SMs idle, so rows are split into slices; one kernel writes each slice's
-    (max, sum of exp), a second combines a row's partials and writes the slice. On the H100
-    (GPU time, fp16): 8x50257 6.7 us (one program per row: 25.1, torch 16.3), 8x128256 7.5
-    (60.7, torch 35.2). The price is a second launch: ~50 us more host time per call, which
-    only CUDA graphs hide.
+  * long rows (vocabularies: 50257, 128256; up to RESIDENT_SLICE x the SM count, ~1M on an
+    H100): each row is cut into slices of at most 8192 elements, each held in registers by its
+    own program. The programs of a row write their slice's (max, sum of exp), count themselves
+    in on an atomic counter, wait for the rest of the row, combine the partials and write their
+    slice: one read and one write of x. On the H100 (GPU time, fp16): 4096x50257 320 us, 86%
+    of a copy's speed, and 4096x128256 783 us, where looping over each row twice took 429 and
+    1085 (its second read came from HBM) and torch 385 and 1430. Few rows take smaller slices
+    (down to 2048) so that every SM has work: 8x50257 6.9 us (torch 15.9).
+  * longer rows: a program loops over its slice twice (max and sum, then write), the slices of
+    a row sharing their partials the same way. Pass 1 keeps a running max and per-lane sums of
+    exp (online softmax, one exp per element); pass 2 re-reads the slice last chunk first (the
+    likeliest to still be in L2) and writes.
+A row's programs wait for one another: CUDA starts blocks in grid order and a row never has
+more programs than the GPU has SMs, so they run side by side. Nothing in CUDA promises that,
+though, so a program waits a bounded time and then reads the whole row itself: slower, never a
+hang (the CPU interpreter, which runs programs one after another, goes that way).
+Chunks and slices start on 16-byte boundaries even when rows don't (odd N), so loads and
+stores inside a row move whole 16-byte vectors; the few elements at a row's two ends are
+handled apart.
 Rows that fit, on the H200 (8192x8192 fp16): 69 us, 3.9 TB/s (eager 259 us).
 Math in fp32 whatever the input dtype; the output has x's dtype.
 
@@ -38,6 +41,9 @@ BACKEND = "triton"
 
 LOG2E = tl.constexpr(1.4426950408889634)
 MAX_FUSED_N = 16384   # longest row held whole in registers (fp32: 64 KB per program)
+RESIDENT_SLICE = 8192  # most elements of a long row one program holds (64 a thread at 4 warps)
+RESIDENT_MAXNREG = 88  # registers a thread (5 programs per SM), see _resident_plan
+SPIN_LIMIT = 1 << 20   # polls (~1 us each) a program waits for the other slices of its row
 
 
 @triton.jit
@@ -118,65 +124,110 @@ def _write_chunks(x_ptr, y_ptr, x_off, y_off, c_begin, num_chunks, row_max, inv_
 
 
 @triton.jit
-def softmax_looped_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym, stride_yn,
-                          ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, EVICT1: tl.constexpr,
-                          EVICT2: tl.constexpr):
-    """One row per program by default; a smaller grid makes it persistent (rows strided)."""
-    cols = tl.arange(0, BLOCK_N)
-    for row in range(tl.program_id(0), M, tl.num_programs(0)):
-        row64 = tl.cast(row, tl.int64)  # M*N can pass 2^31 elements
-        x_off = row64 * stride_xm
-        first = -(x_off % ALIGN)   # chunks start on 16-byte boundaries (a negative lead)
-        num_chunks = tl.cdiv(N - first, BLOCK_N)
-        m, s = _row_stats(x_ptr, x_off, first, num_chunks, N, stride_xn, cols, ALIGN, BLOCK_N,
-                          EVICT1)
-        _write_chunks(x_ptr, y_ptr, x_off, row64 * stride_ym, first, num_chunks, m,
-                      1.0 / tl.sum(s, axis=0), N, stride_xn, stride_yn, cols, ALIGN, BLOCK_N,
-                      EVICT2)
+def _row_from_partials(m, total, x_ptr, x_off, N, stride_xn, part_max_ptr, part_sum_ptr,
+                       arrived_ptr, row, pid, max_spin, SPLITS: tl.constexpr,
+                       SPLITS_POW2: tl.constexpr, ALIGN: tl.constexpr, FALLBACK_N: tl.constexpr):
+    """(row max, row sum of exp) from every slice's (max, sum). A program waits at most max_spin
+    polls for the others: CUDA starts blocks in order, so a row's programs run side by side, but
+    nothing guarantees it (a GPU shared with other work; the CPU interpreter, which runs programs
+    one after another). One that gives up reads the whole row itself: slower, never stuck, the
+    same result up to rounding."""
+    tl.store(part_max_ptr + pid, m)
+    tl.store(part_sum_ptr + pid, total)
+    tl.debug_barrier()  # every thread's stores above come before the counter's release
+    arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+    spins = 0
+    while (arrived < SPLITS) & (spins < max_spin):
+        arrived = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")
+        spins += 1
+    if arrived == SPLITS:
+        k = tl.arange(0, SPLITS_POW2)
+        # .cg reads L2, where the other SMs' partials are, never a stale L1 line
+        pm = tl.load(part_max_ptr + row * SPLITS + k, mask=k < SPLITS, other=-float("inf"),
+                     cache_modifier=".cg")
+        ps = tl.load(part_sum_ptr + row * SPLITS + k, mask=k < SPLITS, other=0.0,
+                     cache_modifier=".cg")
+        row_max = tl.max(pm, axis=0)
+        row_sum = tl.sum(ps * tl.where(pm == -float("inf"), 0.0,
+                                       tl.exp2((pm - row_max) * LOG2E)), axis=0)
+    else:
+        first = -(x_off % ALIGN)
+        row_max, s = _row_stats(x_ptr, x_off, first, tl.cdiv(N - first, FALLBACK_N), N,
+                                stride_xn, tl.arange(0, FALLBACK_N), ALIGN, FALLBACK_N, "")
+        row_sum = tl.sum(s, axis=0)
+    return row_max, row_sum
 
 
-# Few long rows (e.g. the logits of one decoding step, M = batch size): one program per row
-# would leave most SMs idle, so each row is cut into slices of chunks_per_split chunks. The first
-# kernel writes each slice's (max, sum of exp); the second combines a row's partials and
-# writes its slice. Two launches; few rows fit in L2, so the second read of x mostly hits it.
 @triton.jit
-def _program_slice(N, stride_xm, chunks_per_split, ALIGN: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(row, x_off, c_begin, num_chunks) of this program's slice: program (row, split) takes
-    chunks split * chunks_per_split onwards of the row's 16-byte-aligned chunks (the last
-    slices of a row can be short or empty)."""
-    row64 = tl.program_id(0).to(tl.int64)
-    x_off = row64 * stride_xm
-    c_begin = -(x_off % ALIGN) + tl.program_id(1) * chunks_per_split * BLOCK_N
+def softmax_resident_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_ptr, N,
+                            stride_xm, stride_xn, stride_ym, stride_yn, slice_cols, max_spin,
+                            SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, SLICE: tl.constexpr,
+                            ALIGN: tl.constexpr, FALLBACK_N: tl.constexpr):
+    """Program (row, split) holds slice `split` of the row in registers: one read, one write."""
+    pid = tl.program_id(0)
+    row = (pid // SPLITS).to(tl.int64)  # the programs of a row are neighbours: launched together
+    split = pid % SPLITS
+    x_off = row * stride_xm
+    y_off = row * stride_ym
+    # Columns [head, head + interior) start and end on 16-byte boundaries (ALIGN elements) and
+    # slice_cols is a multiple of 16, so every slice loads and stores whole 16-byte vectors even
+    # when rows are not aligned (odd N). The < ALIGN columns around them go to split 0.
+    head = tl.minimum((ALIGN - x_off % ALIGN) % ALIGN, N)
+    interior = (N - head) // ALIGN * ALIGN
+    c0 = head + split * slice_cols
+    n_cols = tl.multiple_of(tl.minimum(tl.maximum(interior - split * slice_cols, 0), slice_cols),
+                            ALIGN)
+    i = tl.arange(0, SLICE)
+    x = tl.load(x_ptr + tl.multiple_of(x_off + c0 * stride_xn, ALIGN) + i * stride_xn,
+                mask=i < n_cols, other=-float("inf")).to(tl.float32)
+    j = tl.arange(0, 2 * ALIGN)
+    c_ends = tl.where(j < ALIGN, j, head + interior + j - ALIGN)
+    ends_mask = ((j < ALIGN) & (j < head)) | ((j >= ALIGN) & (c_ends < N))
+    ends_mask = ends_mask & (tl.full([2 * ALIGN], split, tl.int32) == 0)  # split 0's
+    x_ends = tl.load(x_ptr + x_off + c_ends * stride_xn, mask=ends_mask,
+                     other=-float("inf")).to(tl.float32)
+    m = tl.maximum(tl.max(x, axis=0), tl.max(x_ends, axis=0))
+    m_ref = tl.where(m == -float("inf"), 0.0, m)  # all -inf: exp2 -> 0
+    e = tl.exp2((x - m_ref) * LOG2E)
+    e_ends = tl.exp2((x_ends - m_ref) * LOG2E)
+    total = tl.sum(e, axis=0) + tl.sum(e_ends, axis=0)
+    if SPLITS == 1:
+        scale = 1.0 / total
+    else:
+        row_max, row_sum = _row_from_partials(m, total, x_ptr, x_off, N, stride_xn, part_max_ptr,
+                                              part_sum_ptr, arrived_ptr, row, pid, max_spin,
+                                              SPLITS, SPLITS_POW2, ALIGN, FALLBACK_N)
+        scale = tl.exp2((m - row_max) * LOG2E) / row_sum  # this slice's exps were relative to m
+    tl.store(y_ptr + tl.multiple_of(y_off + c0 * stride_yn, ALIGN) + i * stride_yn,
+             (e * scale).to(y_ptr.dtype.element_ty), mask=i < n_cols)
+    tl.store(y_ptr + y_off + c_ends * stride_yn, (e_ends * scale).to(y_ptr.dtype.element_ty),
+             mask=ends_mask)
+
+
+@triton.jit
+def softmax_looped_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_ptr, N, stride_xm,
+                          stride_xn, stride_ym, stride_yn, chunks_per_split, max_spin,
+                          SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, ALIGN: tl.constexpr,
+                          BLOCK_N: tl.constexpr, EVICT1: tl.constexpr, EVICT2: tl.constexpr):
+    """Program (row, split) takes chunks split * chunks_per_split onwards of the row's
+    16-byte-aligned chunks (a row's last slices can be short or empty) and reads them twice."""
+    pid = tl.program_id(0)
+    row = (pid // SPLITS).to(tl.int64)  # M*N can pass 2^31 elements
+    x_off = row * stride_xm
+    c_begin = -(x_off % ALIGN) + (pid % SPLITS) * chunks_per_split * BLOCK_N
     num_chunks = tl.minimum(chunks_per_split, tl.cdiv(N - c_begin, BLOCK_N))
-    return row64, x_off, c_begin, num_chunks
-
-
-@triton.jit
-def softmax_split_stats_kernel(x_ptr, part_max_ptr, part_sum_ptr, N, stride_xm, stride_xn,
-                               chunks_per_split, ALIGN: tl.constexpr, BLOCK_N: tl.constexpr,
-                               EVICT: tl.constexpr):
-    row64, x_off, c_begin, num_chunks = _program_slice(N, stride_xm, chunks_per_split, ALIGN, BLOCK_N)
-    m, s = _row_stats(x_ptr, x_off, c_begin, num_chunks, N, stride_xn, tl.arange(0, BLOCK_N),
-                      ALIGN, BLOCK_N, EVICT)
-    out = row64 * tl.num_programs(1) + tl.program_id(1)
-    tl.store(part_max_ptr + out, m)
-    tl.store(part_sum_ptr + out, tl.sum(s, axis=0))
-
-
-@triton.jit
-def softmax_split_write_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, N, stride_xm, stride_xn,
-                               stride_ym, stride_yn, chunks_per_split, SPLITS_POW2: tl.constexpr,
-                               ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
-    row64, x_off, c_begin, num_chunks = _program_slice(N, stride_xm, chunks_per_split, ALIGN, BLOCK_N)
-    splits = tl.num_programs(1)
-    k = tl.arange(0, SPLITS_POW2)
-    pm = tl.load(part_max_ptr + row64 * splits + k, mask=k < splits, other=-float("inf"))
-    ps = tl.load(part_sum_ptr + row64 * splits + k, mask=k < splits, other=0.0)
-    row_max = tl.max(pm, axis=0)
-    scale = tl.where(pm == -float("inf"), 0.0, tl.exp2((pm - row_max) * LOG2E))
-    inv_sum = 1.0 / tl.sum(ps * scale, axis=0)
-    _write_chunks(x_ptr, y_ptr, x_off, row64 * stride_ym, c_begin, num_chunks, row_max, inv_sum,
-                  N, stride_xn, stride_yn, tl.arange(0, BLOCK_N), ALIGN, BLOCK_N, EVICT)
+    cols = tl.arange(0, BLOCK_N)
+    m, s = _row_stats(x_ptr, x_off, c_begin, num_chunks, N, stride_xn, cols, ALIGN, BLOCK_N,
+                      EVICT1)
+    if SPLITS == 1:
+        row_max = m
+        row_sum = tl.sum(s, axis=0)
+    else:
+        row_max, row_sum = _row_from_partials(m, tl.sum(s, axis=0), x_ptr, x_off, N, stride_xn,
+                                              part_max_ptr, part_sum_ptr, arrived_ptr, row, pid,
+                                              max_spin, SPLITS, SPLITS_POW2, ALIGN, BLOCK_N)
+    _write_chunks(x_ptr, y_ptr, x_off, row * stride_ym, c_begin, num_chunks, row_max,
+                  1.0 / row_sum, N, stride_xn, stride_yn, cols, ALIGN, BLOCK_N, EVICT2)
 
 
 # Host-side arithmetic is plain Python and configs are cached per shape: triton.cdiv and
@@ -201,27 +252,49 @@ def _sm_count(device_index):
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _split_count(M, sm_count):
+    """Programs a row needs for ~4 programs per SM in all, never more than there are SMs."""
+    return min(-(-4 * sm_count // M), sm_count)
+
+
 @functools.lru_cache(maxsize=None)
-def _long_row_plan(M, N, block_n, align, splits, sm_count):
-    """(block_n, splits, chunks_per_split, splits_pow2) for rows too long for registers: enough
-    programs for ~4 per SM (so one program per row from 4 * sm_count rows on), never a slice
-    shorter than a chunk. Chunks: 2048 for one program per row (sweeps on the H100 and H200);
-    split rows take 4096 once there is a program per SM anyway (132-264 rows: 5-12% faster on
-    the H100)."""
+def _resident_plan(M, N, splits, sm_count):
+    """(splits, slice_cols, SLICE) for rows held in registers, or None when a row would need
+    more programs than there are SMs (they might not all run at once). Slices of at most
+    RESIDENT_SLICE elements, 4 warps (64 fp32 a thread); down to 2048 when there are too few
+    rows to fill the GPU. On the H100 both the slice size and the register cap mattered: at
+    4096x50257 slices of 2048-4096 or 16384 elements ran 11-20% slower, and the same kernel
+    compiled to 88-96 registers ran in 320 or 345 us depending on ptxas' schedule; a cap of
+    88 (5 programs per SM, no spills) was the fastest, or within 1%, at 50257, 100000 and
+    128256, and within 9% of the best at 30001-32000 (BENCHMARKS.md section 10)."""
     if splits is None:
-        splits = max(1, (4 * sm_count + M - 1) // M)
+        splits = max(-(-N // RESIDENT_SLICE), min(_split_count(M, sm_count), -(-N // 2048)))
+        if splits > sm_count:
+            return None
+    slice_cols = -(-N // splits)
+    slice_cols = -(-slice_cols // 16) * 16  # 16-byte vectors for any dtype
+    splits = -(-N // slice_cols)  # none starting past the row's end
+    return splits, slice_cols, triton.next_power_of_2(slice_cols)
+
+
+@functools.lru_cache(maxsize=None)
+def _looped_plan(M, N, block_n, align, splits, sm_count):
+    """(block_n, splits, chunks_per_split) for rows too long for registers. Chunks: 2048 for
+    one program per row (sweeps on the H100 and H200), 4096 for rows split once there is a
+    program per SM anyway (5-12% faster on the H100 at 132-264 rows of 128256)."""
+    if splits is None:
+        splits = _split_count(M, sm_count)
     if block_n is None:
         block_n = 4096 if 1 < splits and sm_count <= M else 2048
     chunks = (N + align - 1 + block_n - 1) // block_n   # the most any row's alignment lead needs
-    splits = min(splits, chunks)
-    chunks_per_split = (chunks + splits - 1) // splits
-    splits = (chunks + chunks_per_split - 1) // chunks_per_split  # none starting past the row
-    return block_n, splits, chunks_per_split, triton.next_power_of_2(splits)
+    chunks_per_split = -(-chunks // min(splits, chunks))
+    return block_n, -(-chunks // chunks_per_split), chunks_per_split
 
 
-def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="", programs=None,
-            evict1="evict_last", evict2="evict_first", splits=None):
-    """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
+def softmax(x, fused=None, resident=None, splits=None, block_n=None, num_warps=None,
+            block_m=None, evict="", evict1="evict_last", evict2="evict_first", max_spin=None):
+    """Launch with heuristic settings; the keyword overrides exist for tuning scripts and tests
+    (fused=False, resident=False picks the looped kernel; splits= the programs per row)."""
     N = x.shape[-1]
     x2 = x.reshape(-1, N)  # a view for the contiguous inputs the contract promises
     M = x2.shape[0]
@@ -237,29 +310,35 @@ def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="",
             x2, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
         return y.view(x.shape)
-    nw = num_warps or 4
-    # 16-byte chunk alignment holds for x and y alike only for unit-stride rows whose
-    # row strides agree modulo 16 bytes (always so for the contiguous inputs of the contract)
+    # 16-byte alignment holds for x and y alike only for unit-stride rows whose row strides
+    # agree modulo 16 bytes (always so for the contiguous inputs of the contract)
     align = 16 // x.element_size()
     if x2.stride(1) != 1 or (x2.stride(0) - y.stride(0)) % align:
         align = 1
-    if programs:   # a persistent grid strides over whole rows
-        splits = 1
-    bn, splits, chunks_per_split, splits_pow2 = _long_row_plan(
-        M, N, block_n, align, splits, _sm_count(x.device.index if x.is_cuda else None))
-    if splits == 1:
-        softmax_looped_kernel[(min(M, programs or M),)](
-            x2, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-            ALIGN=align, BLOCK_N=bn, EVICT1=evict1, EVICT2=evict2, num_warps=nw)
-        return y.view(x.shape)
-    part_max, part_sum = torch.empty((2, M, splits), dtype=torch.float32, device=x.device)
-    softmax_split_stats_kernel[(M, splits)](
-        x2, part_max, part_sum, N, x2.stride(0), x2.stride(1), chunks_per_split,
-        ALIGN=align, BLOCK_N=bn, EVICT=evict1, num_warps=nw)
-    softmax_split_write_kernel[(M, splits)](
-        x2, y, part_max, part_sum, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-        chunks_per_split, SPLITS_POW2=splits_pow2, ALIGN=align, BLOCK_N=bn, EVICT=evict2,
-        num_warps=nw)
+    sm_count = _sm_count(x.device.index if x.is_cuda else None)
+    plan = _resident_plan(M, N, splits, sm_count) if resident is not False else None
+    if max_spin is None:  # the CPU interpreter runs programs one by one: waiting never helps
+        max_spin = SPIN_LIMIT if x.is_cuda else 0
+    if plan is not None:
+        splits, slice_cols, slice_pow2 = plan
+    else:
+        block_n, splits, chunks_per_split = _looped_plan(M, N, block_n, align, splits, sm_count)
+    # Each program's (max, sum of exp), and per row a count of the programs that wrote theirs.
+    part_max, part_sum = torch.empty((2, M * splits), dtype=torch.float32, device=x.device)
+    arrived = torch.zeros((M,), dtype=torch.int32, device=x.device)
+    args = (x2, y, part_max, part_sum, arrived, N, x2.stride(0), x2.stride(1), y.stride(0),
+            y.stride(1))
+    if plan is not None:
+        softmax_resident_kernel[(M * splits,)](
+            *args, slice_cols, max_spin, SPLITS=splits,
+            SPLITS_POW2=triton.next_power_of_2(splits), SLICE=slice_pow2, ALIGN=align,
+            FALLBACK_N=block_n or 256, num_warps=num_warps or 4,
+            maxnreg=RESIDENT_MAXNREG if slice_pow2 <= RESIDENT_SLICE else None)
+    else:
+        softmax_looped_kernel[(M * splits,)](
+            *args, chunks_per_split, max_spin, SPLITS=splits,
+            SPLITS_POW2=triton.next_power_of_2(splits), ALIGN=align, BLOCK_N=block_n,
+            EVICT1=evict1, EVICT2=evict2, num_warps=num_warps or 4)
     return y.view(x.shape)
 
 

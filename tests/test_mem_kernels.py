@@ -87,25 +87,43 @@ def test_every_element_written_and_deterministic(name, monkeypatch):
     assert torch.equal(first, second), "two runs on the same inputs differ"
 
 
-def test_softmax_both_paths_and_minus_inf():
-    """The looped (long-row) path on a short row, and -inf entries as attention masks make."""
+def test_softmax_every_path_and_minus_inf():
+    """The long-row kernels on short rows, -inf entries as attention masks make, and rows split
+    over programs. The interpreter runs programs one by one, so a split row's programs find
+    their siblings missing and read the whole row themselves, except the last, which combines
+    the partials: both ways are checked."""
     softmax = load("softmax")
     gen = torch.Generator().manual_seed(3)
     x = autokernel.KERNEL_TYPES["softmax"].inputs((3, 1000), torch.float32, "cpu", gen)["x"]
     x[:, ::3] = float("-inf")
     x[1, :500] = float("-inf")
+    x[2, 500:] = float("-inf")  # the second half's slices see only -inf
     ref = torch.softmax(x.double(), dim=-1)
-    for fused, splits in ((True, None), (False, 1), (False, 3)):
-        out = softmax.softmax(x, fused=fused, block_n=256, splits=splits)
-        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    for kwargs in (dict(fused=True), dict(splits=1), dict(splits=3), dict(splits=4, max_spin=2),
+                   dict(resident=False, splits=1), dict(resident=False, splits=3)):
+        out = softmax.softmax(x, **{"fused": False, "block_n": 128, **kwargs})
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5, msg=str(kwargs))
+    # a row of -inf only is NaN, as in torch
+    assert softmax.softmax(torch.full((1, 600), float("-inf")), fused=False, splits=2).isnan().all()
     # rows that start off 16-byte boundaries (odd N) in fp16, and a row stride wider than N;
-    # a persistent grid, and rows split into slices (at N=1020 row 0's last slice is empty)
+    # at N=1020 row 0's last slice is empty, at N=17 a row is mostly its unaligned ends
     wide = autokernel.KERNEL_TYPES["softmax"].inputs((3, 1203), torch.float16, "cpu", gen)["x"]
-    for view in (wide[:, :1001], wide[:, 5:1006], wide[:, :1020], wide):
+    for view in (wide[:, :1001], wide[:, 5:1006], wide[:, :1020], wide[:, 3:20], wide):
         want = torch.softmax(view.double(), -1)
-        for kwargs in (dict(programs=2), dict(splits=4), dict(splits=8)):
+        for kwargs in (dict(splits=4), dict(splits=8), dict(resident=False, splits=4)):
             out = softmax.softmax(view, fused=False, block_n=128, **kwargs)
-            torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=1e-2)
+            torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=1e-2, msg=str(kwargs))
+
+
+def test_softmax_long_row_plans():
+    """Row slices: at most 8192 elements and never more programs a row than SMs (H100: 132)."""
+    softmax = load("softmax")
+    assert softmax._resident_plan(4096, 50257, None, 132) == (7, 7184, 8192)
+    assert softmax._resident_plan(8, 50257, None, 132) == (25, 2016, 2048)  # few rows: more
+    assert softmax._resident_plan(1, 1_000_000, None, 132)[0] == 132
+    assert softmax._resident_plan(1, 2_000_000, None, 132) is None  # the looped kernel then
+    assert softmax._looped_plan(4, 2_000_000, None, 8, None, 132)[1] <= 132
+    assert softmax._looped_plan(4096, 2_000_000, None, 8, None, 132)[1] == 1
 
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "reduce"])
