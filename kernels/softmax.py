@@ -183,7 +183,8 @@ def softmax_resident_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_pt
     j = tl.arange(0, 2 * ALIGN)
     c_ends = tl.where(j < ALIGN, j, head + interior + j - ALIGN)
     ends_mask = ((j < ALIGN) & (j < head)) | ((j >= ALIGN) & (c_ends < N))
-    ends_mask = ends_mask & (tl.full([2 * ALIGN], split, tl.int32) == 0)  # split 0's
+    # split 0's only (compared as a tensor: the interpreter rejects `mask & (split == 0)`)
+    ends_mask = ends_mask & (tl.full([2 * ALIGN], split, tl.int32) == 0)
     x_ends = tl.load(x_ptr + x_off + c_ends * stride_xn, mask=ends_mask,
                      other=-float("inf")).to(tl.float32)
     m = tl.maximum(tl.max(x, axis=0), tl.max(x_ends, axis=0))
@@ -323,9 +324,11 @@ def softmax(x, fused=None, resident=None, splits=None, block_n=None, num_warps=N
         splits, slice_cols, slice_pow2 = plan
     else:
         block_n, splits, chunks_per_split = _looped_plan(M, N, block_n, align, splits, sm_count)
-    # Each program's (max, sum of exp), and per row a count of the programs that wrote theirs.
-    part_max, part_sum = torch.empty((2, M * splits), dtype=torch.float32, device=x.device)
-    arrived = torch.zeros((M,), dtype=torch.int32, device=x.device)
+    if splits > 1:  # each program's (max, sum of exp), and a row's count of programs that wrote
+        part_max, part_sum = torch.empty((2, M * splits), dtype=torch.float32, device=x.device)
+        arrived = torch.zeros((M,), dtype=torch.int32, device=x.device)
+    else:  # one program a row shares nothing: the kernels never touch these (no memset launch)
+        part_max = part_sum = arrived = y
     args = (x2, y, part_max, part_sum, arrived, N, x2.stride(0), x2.stride(1), y.stride(0),
             y.stride(1))
     if plan is not None:
