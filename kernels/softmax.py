@@ -6,14 +6,14 @@ Three paths, picked by row length:
     [BLOCK_M, BLOCK_N] tile of whole rows (several rows per program when rows are short).
   * long rows (vocabularies: 50257, 128256; up to RESIDENT_SLICE x the SM count, ~1M on an
     H100): each row is cut into slices of at most 8192 elements, each held in registers by its
-    own program. The programs of a row write their slice's (max, sum of exp), count themselves
-    in on an atomic counter, wait for the rest of the row, combine the partials and write their
-    slice: one read and one write of x. On the H100 (GPU time, fp16): 4096x50257 320 us, 86%
-    of a copy's speed, and 4096x128256 783 us, where looping over each row twice took 429 and
-    1085 (its second read came from HBM) and torch 385 and 1430. Few rows take smaller slices
-    (down to 2048) so that every SM has work: 8x50257 6.9 us (torch 15.9).
+    own program. The programs of a row publish their slice's (max, sum of exp) as one 64-bit
+    word, wait for the rest of the row's words, combine them and write their slice: one read and
+    one write of x. On the H100 (GPU time, fp16): 4096x50257 287 us, 96% of a copy's speed, and
+    4096x128256 701 us (99%), where looping over each row twice took 429 and 1085 (its second
+    read came from HBM) and torch 385 and 1430. Few rows take smaller slices (down to 2048) so
+    that every SM has work: 8x50257 7.4 us (torch 16.2).
   * longer rows: a program loops over its slice twice (max and sum, then write), the slices of
-    a row sharing their partials the same way. Pass 1 keeps a running max and per-lane sums of
+    a row sharing their (max, sum) the same way. Pass 1 keeps a running max and per-lane sums of
     exp (online softmax, one exp per element); pass 2 re-reads the slice last chunk first (the
     likeliest to still be in L2) and writes.
 A row's programs wait for one another: CUDA starts blocks in grid order and a row never has
@@ -42,7 +42,7 @@ BACKEND = "triton"
 LOG2E = tl.constexpr(1.4426950408889634)
 MAX_FUSED_N = 16384   # longest row held whole in registers (fp32: 64 KB per program)
 RESIDENT_SLICE = 8192  # most elements of a long row one program holds (64 a thread at 4 warps)
-RESIDENT_MAXNREG = 88  # registers a thread (5 programs per SM), see _resident_plan
+RESIDENT_MAXNREG = 96  # registers a thread for 16-bit x (5 programs per SM), see _resident_plan
 SPIN_LIMIT = 1 << 20   # polls (~1 us each) a program waits for the other slices of its row
 
 
@@ -124,29 +124,45 @@ def _write_chunks(x_ptr, y_ptr, x_off, y_off, c_begin, num_chunks, row_max, inv_
 
 
 @triton.jit
-def _row_from_partials(m, total, x_ptr, x_off, N, stride_xn, part_max_ptr, part_sum_ptr,
-                       arrived_ptr, row, pid, max_spin, SPLITS: tl.constexpr,
-                       SPLITS_POW2: tl.constexpr, ALIGN: tl.constexpr, FALLBACK_N: tl.constexpr):
-    """(row max, row sum of exp) from every slice's (max, sum). A program waits at most max_spin
-    polls for the others: CUDA starts blocks in order, so a row's programs run side by side, but
-    nothing guarantees it (a GPU shared with other work; the CPU interpreter, which runs programs
-    one after another). One that gives up reads the whole row itself: slower, never stuck, the
-    same result up to rounding."""
-    tl.store(part_max_ptr + pid, m)
-    tl.store(part_sum_ptr + pid, total)
-    tl.debug_barrier()  # every thread's stores above come before the counter's release
-    arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+def _poll_slices(ptrs, mask):
+    """The row's words, read with atomics: Triton gives each word to one thread and shares the
+    value through shared memory, so every thread sees the same snapshot (plain volatile loads
+    would let threads see different ones, and a row combined from two snapshots is wrong)."""
+    words = tl.atomic_add(ptrs, 0, mask=mask, sem="relaxed")
+    missing = tl.sum(tl.where(mask, (words >> 31) & 1, 0), axis=0)
+    return words, missing
+
+
+@triton.jit
+def _row_from_slices(m, total, x_ptr, x_off, N, stride_xn, words_ptr, row, pid, max_spin,
+                     SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, ALIGN: tl.constexpr,
+                     FALLBACK_N: tl.constexpr):
+    """(row max, row sum of exp) from every slice's (max m, sum of exp(x - m)). Each program
+    publishes its pair as one 64-bit word, max in the high half, sum in the low: one atomic
+    store, so a reader sees the whole pair or none of it. The host fills the words with -1 and
+    a sum is never negative (its sign bit is cleared, for NaN's sake), so the sum's sign bit
+    says "not written yet". A program waits
+    at most max_spin polls for the others: CUDA starts blocks in order, so a row's programs run
+    side by side, but nothing guarantees it (a GPU shared with other work; the CPU interpreter,
+    which runs programs one after another). One that gives up reads the whole row itself:
+    slower, never stuck, the same result up to rounding. (A counter that programs increment
+    after storing their pair needs a release fence and a second round of loads: on the H100
+    that exchange cost 13% of the kernel at 4096x50257, this one 3%. Its price: each poll reads
+    all the row's words, which shows only when a row has ~100 programs: 1x1000000 9 -> 14 us.)"""
+    word = (m.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
+        total.to(tl.int32, bitcast=True).to(tl.int64) & 0x7FFFFFFF)
+    tl.atomic_xchg(words_ptr + pid, word, sem="relaxed")
+    k = tl.arange(0, SPLITS_POW2)
+    ptrs = words_ptr + row * SPLITS + k
+    words, missing = _poll_slices(ptrs, k < SPLITS)
     spins = 0
-    while (arrived < SPLITS) & (spins < max_spin):
-        arrived = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")
+    while (missing > 0) & (spins < max_spin):
+        words, missing = _poll_slices(ptrs, k < SPLITS)
         spins += 1
-    if arrived == SPLITS:
-        k = tl.arange(0, SPLITS_POW2)
-        # .cg reads L2, where the other SMs' partials are, never a stale L1 line
-        pm = tl.load(part_max_ptr + row * SPLITS + k, mask=k < SPLITS, other=-float("inf"),
-                     cache_modifier=".cg")
-        ps = tl.load(part_sum_ptr + row * SPLITS + k, mask=k < SPLITS, other=0.0,
-                     cache_modifier=".cg")
+    if missing == 0:
+        pm = tl.where(k < SPLITS, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True),
+                      -float("inf"))
+        ps = tl.where(k < SPLITS, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
         row_max = tl.max(pm, axis=0)
         row_sum = tl.sum(ps * tl.where(pm == -float("inf"), 0.0,
                                        tl.exp2((pm - row_max) * LOG2E)), axis=0)
@@ -159,8 +175,8 @@ def _row_from_partials(m, total, x_ptr, x_off, N, stride_xn, part_max_ptr, part_
 
 
 @triton.jit
-def softmax_resident_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_ptr, N,
-                            stride_xm, stride_xn, stride_ym, stride_yn, slice_cols, max_spin,
+def softmax_resident_kernel(x_ptr, y_ptr, words_ptr, N, stride_xm, stride_xn, stride_ym,
+                            stride_yn, slice_cols, max_spin,
                             SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, SLICE: tl.constexpr,
                             ALIGN: tl.constexpr, FALLBACK_N: tl.constexpr):
     """Program (row, split) holds slice `split` of the row in registers: one read, one write."""
@@ -195,9 +211,8 @@ def softmax_resident_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_pt
     if SPLITS == 1:
         scale = 1.0 / total
     else:
-        row_max, row_sum = _row_from_partials(m, total, x_ptr, x_off, N, stride_xn, part_max_ptr,
-                                              part_sum_ptr, arrived_ptr, row, pid, max_spin,
-                                              SPLITS, SPLITS_POW2, ALIGN, FALLBACK_N)
+        row_max, row_sum = _row_from_slices(m, total, x_ptr, x_off, N, stride_xn, words_ptr, row,
+                                            pid, max_spin, SPLITS, SPLITS_POW2, ALIGN, FALLBACK_N)
         scale = tl.exp2((m - row_max) * LOG2E) / row_sum  # this slice's exps were relative to m
     tl.store(y_ptr + tl.multiple_of(y_off + c0 * stride_yn, ALIGN) + i * stride_yn,
              (e * scale).to(y_ptr.dtype.element_ty), mask=i < n_cols)
@@ -206,8 +221,8 @@ def softmax_resident_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_pt
 
 
 @triton.jit
-def softmax_looped_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_ptr, N, stride_xm,
-                          stride_xn, stride_ym, stride_yn, chunks_per_split, max_spin,
+def softmax_looped_kernel(x_ptr, y_ptr, words_ptr, N, stride_xm, stride_xn, stride_ym,
+                          stride_yn, chunks_per_split, max_spin,
                           SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, ALIGN: tl.constexpr,
                           BLOCK_N: tl.constexpr, EVICT1: tl.constexpr, EVICT2: tl.constexpr):
     """Program (row, split) takes chunks split * chunks_per_split onwards of the row's
@@ -224,9 +239,9 @@ def softmax_looped_kernel(x_ptr, y_ptr, part_max_ptr, part_sum_ptr, arrived_ptr,
         row_max = m
         row_sum = tl.sum(s, axis=0)
     else:
-        row_max, row_sum = _row_from_partials(m, tl.sum(s, axis=0), x_ptr, x_off, N, stride_xn,
-                                              part_max_ptr, part_sum_ptr, arrived_ptr, row, pid,
-                                              max_spin, SPLITS, SPLITS_POW2, ALIGN, BLOCK_N)
+        row_max, row_sum = _row_from_slices(m, tl.sum(s, axis=0), x_ptr, x_off, N, stride_xn,
+                                            words_ptr, row, pid, max_spin, SPLITS, SPLITS_POW2,
+                                            ALIGN, BLOCK_N)
     _write_chunks(x_ptr, y_ptr, x_off, row * stride_ym, c_begin, num_chunks, row_max,
                   1.0 / row_sum, N, stride_xn, stride_yn, cols, ALIGN, BLOCK_N, EVICT2)
 
@@ -264,10 +279,11 @@ def _resident_plan(M, N, splits, sm_count):
     more programs than there are SMs (they might not all run at once). Slices of at most
     RESIDENT_SLICE elements, 4 warps (64 fp32 a thread); down to 2048 when there are too few
     rows to fill the GPU. On the H100 both the slice size and the register cap mattered: at
-    4096x50257 slices of 2048-4096 or 16384 elements ran 11-20% slower, and the same kernel
-    compiled to 88-96 registers ran in 320 or 345 us depending on ptxas' schedule; a cap of
-    88 (5 programs per SM, no spills) was the fastest, or within 1%, at 50257, 100000 and
-    128256, and within 9% of the best at 30001-32000 (BENCHMARKS.md section 10)."""
+    4096x50257 slices of 2048-4096 or 16384 elements ran 11-20% slower, and what counts is how
+    many slices an SM holds at once. For 16-bit x a cap of 96 registers (5 programs per SM)
+    beat no cap (~113 registers, 4 programs) by 3-7% at every long-row shape tried (2 bytes
+    spilled); 88 or fewer spilled 20+ bytes and ran slower. fp32 x spills more under 96, and
+    uncapped it runs within 2% of a copy (BENCHMARKS.md section 11)."""
     if splits is None:
         splits = max(-(-N // RESIDENT_SLICE), min(_split_count(M, sm_count), -(-N // 2048)))
         if splits > sm_count:
@@ -324,19 +340,18 @@ def softmax(x, fused=None, resident=None, splits=None, block_n=None, num_warps=N
         splits, slice_cols, slice_pow2 = plan
     else:
         block_n, splits, chunks_per_split = _looped_plan(M, N, block_n, align, splits, sm_count)
-    if splits > 1:  # each program's (max, sum of exp), and a row's count of programs that wrote
-        part_max, part_sum = torch.empty((2, M * splits), dtype=torch.float32, device=x.device)
-        arrived = torch.zeros((M,), dtype=torch.int32, device=x.device)
-    else:  # one program a row shares nothing: the kernels never touch these (no memset launch)
-        part_max = part_sum = arrived = y
-    args = (x2, y, part_max, part_sum, arrived, N, x2.stride(0), x2.stride(1), y.stride(0),
-            y.stride(1))
+    if splits > 1:  # a word a program for its (max, sum of exp); -1 = not written yet
+        words = torch.full((M * splits,), -1, dtype=torch.int64, device=x.device)
+    else:  # one program a row shares nothing: the kernels never touch it (no fill launch)
+        words = y
+    args = (x2, y, words, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1))
     if plan is not None:
         softmax_resident_kernel[(M * splits,)](
             *args, slice_cols, max_spin, SPLITS=splits,
             SPLITS_POW2=triton.next_power_of_2(splits), SLICE=slice_pow2, ALIGN=align,
             FALLBACK_N=block_n or 256, num_warps=num_warps or 4,
-            maxnreg=RESIDENT_MAXNREG if slice_pow2 <= RESIDENT_SLICE else None)
+            maxnreg=RESIDENT_MAXNREG
+            if x.element_size() == 2 and slice_pow2 <= RESIDENT_SLICE else None)
     else:
         softmax_looped_kernel[(M * splits,)](
             *args, chunks_per_split, max_spin, SPLITS=splits,

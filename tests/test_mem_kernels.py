@@ -103,8 +103,14 @@ def test_softmax_every_path_and_minus_inf():
                    dict(resident=False, splits=1), dict(resident=False, splits=3)):
         out = softmax.softmax(x, **{"fused": False, "block_n": 128, **kwargs})
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5, msg=str(kwargs))
-    # a row of -inf only is NaN, as in torch
+    # a row of -inf only is NaN, as in torch, and so is a row holding a NaN (here one with its
+    # sign bit set); the other rows are unharmed
     assert softmax.softmax(torch.full((1, 600), float("-inf")), fused=False, splits=2).isnan().all()
+    x[1, 700] = -float("nan")
+    for kwargs in (dict(splits=3), dict(splits=3, max_spin=5), dict(resident=False, splits=3)):
+        out = softmax.softmax(x, fused=False, block_n=128, **kwargs)
+        assert out[1].isnan().all(), kwargs
+        torch.testing.assert_close(out[[0, 2]].double(), ref[[0, 2]], atol=1e-5, rtol=1e-5)
     # rows that start off 16-byte boundaries (odd N) in fp16, and a row stride wider than N;
     # at N=1020 row 0's last slice is empty, at N=17 a row is mostly its unaligned ends
     wide = autokernel.KERNEL_TYPES["softmax"].inputs((3, 1203), torch.float16, "cpu", gen)["x"]
