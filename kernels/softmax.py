@@ -141,11 +141,11 @@ def _row_from_slices(m, total, x_ptr, x_off, N, stride_xn, words_ptr, row, pid, 
     publishes its pair as one 64-bit word, max in the high half, sum in the low: one atomic
     store, so a reader sees the whole pair or none of it. The host fills the words with -1 and
     a sum is never negative (its sign bit is cleared, for NaN's sake), so the sum's sign bit
-    says "not written yet". A program waits
-    at most max_spin polls for the others: CUDA starts blocks in order, so a row's programs run
-    side by side, but nothing guarantees it (a GPU shared with other work; the CPU interpreter,
-    which runs programs one after another). One that gives up reads the whole row itself:
-    slower, never stuck, the same result up to rounding. (A counter that programs increment
+    says "not written yet". A program waits at most max_spin polls for the others: CUDA starts
+    blocks in order, so a row's programs run side by side, but nothing guarantees it (a GPU
+    shared with other work; the CPU interpreter, which runs programs one after another). One
+    that gives up reads the whole row itself: slower, never stuck, the same result up to
+    rounding. (A counter that programs increment
     after storing their pair needs a release fence and a second round of loads: on the H100
     that exchange cost 13% of the kernel at 4096x50257, this one 3%. Its price: each poll reads
     all the row's words, which shows only when a row has ~100 programs: 1x1000000 9 -> 14 us.)"""
@@ -154,15 +154,16 @@ def _row_from_slices(m, total, x_ptr, x_off, N, stride_xn, words_ptr, row, pid, 
     tl.atomic_xchg(words_ptr + pid, word, sem="relaxed")
     k = tl.arange(0, SPLITS_POW2)
     ptrs = words_ptr + row * SPLITS + k
-    words, missing = _poll_slices(ptrs, k < SPLITS)
+    valid = k < SPLITS
+    words, missing = _poll_slices(ptrs, valid)
     spins = 0
     while (missing > 0) & (spins < max_spin):
-        words, missing = _poll_slices(ptrs, k < SPLITS)
+        words, missing = _poll_slices(ptrs, valid)
         spins += 1
     if missing == 0:
-        pm = tl.where(k < SPLITS, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True),
+        pm = tl.where(valid, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True),
                       -float("inf"))
-        ps = tl.where(k < SPLITS, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+        ps = tl.where(valid, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
         row_max = tl.max(pm, axis=0)
         row_sum = tl.sum(ps * tl.where(pm == -float("inf"), 0.0,
                                        tl.exp2((pm - row_max) * LOG2E)), axis=0)
@@ -345,18 +346,17 @@ def softmax(x, fused=None, resident=None, splits=None, block_n=None, num_warps=N
     else:  # one program a row shares nothing: the kernels never touch it (no fill launch)
         words = y
     args = (x2, y, words, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1))
+    splits_pow2 = 1 << (splits - 1).bit_length()  # plain Python: next_power_of_2 costs ~2.5 us
     if plan is not None:
         softmax_resident_kernel[(M * splits,)](
-            *args, slice_cols, max_spin, SPLITS=splits,
-            SPLITS_POW2=triton.next_power_of_2(splits), SLICE=slice_pow2, ALIGN=align,
-            FALLBACK_N=block_n or 256, num_warps=num_warps or 4,
+            *args, slice_cols, max_spin, SPLITS=splits, SPLITS_POW2=splits_pow2,
+            SLICE=slice_pow2, ALIGN=align, FALLBACK_N=block_n or 256, num_warps=num_warps or 4,
             maxnreg=RESIDENT_MAXNREG
             if x.element_size() == 2 and slice_pow2 <= RESIDENT_SLICE else None)
     else:
         softmax_looped_kernel[(M * splits,)](
-            *args, chunks_per_split, max_spin, SPLITS=splits,
-            SPLITS_POW2=triton.next_power_of_2(splits), ALIGN=align, BLOCK_N=block_n,
-            EVICT1=evict1, EVICT2=evict2, num_warps=num_warps or 4)
+            *args, chunks_per_split, max_spin, SPLITS=splits, SPLITS_POW2=splits_pow2,
+            ALIGN=align, BLOCK_N=block_n, EVICT1=evict1, EVICT2=evict2, num_warps=num_warps or 4)
     return y.view(x.shape)
 
 
