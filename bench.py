@@ -922,14 +922,14 @@ class Gate:
 
     def compare(self, out, ref, pristine, where):
         """Values against the fp64 oracle (autokernel.mismatches: the input dtype's tolerance,
-        atol in units of the output's RMS). A mismatch is
+        atol in units of the output's RMS or the type's error_scale). A mismatch is
         re-run with a finite poison: outputs that differ exactly where the poison differs were
         never written."""
         torch = self.torch
         dtype = pristine[self.ktype.args[0]].dtype
         tol = self.ak.tolerance(dtype)
         got, want = out.double(), ref.double()
-        bad, atol = self.ak.mismatches(got, want, dtype)
+        bad, atol = self.ak.mismatches(got, want, dtype, self.ktype.error_scale(pristine))
         if not bool(bad.any()):
             return
         total = out.numel()
@@ -1045,7 +1045,7 @@ def measure(module, plan, report, log):
     # The timed calls ran without the guard: their output must still be right.
     ref = ktype.reference(**inputs)
     if not isinstance(result, torch.Tensor) or result.shape != ref.shape or \
-            bool(ak.mismatches(result, ref, dtype)[0].any()):
+            bool(ak.mismatches(result, ref, dtype, ktype.error_scale(inputs))[0].any()):
         return {"correctness": "FAIL", "latency_us": None,
                 "reason": "timing: output outside the guard differs from the oracle"}
 

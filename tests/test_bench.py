@@ -321,3 +321,26 @@ def test_read_results_rejects_ragged_rows(tmp_path):
     path.write_text("\t".join(columns) + "\n" + "\t".join(["1"] * (len(columns) - 1)) + "\n")
     with pytest.raises(bench.Refusal, match="line 2 has"):
         bench.read_results(path, columns)
+
+
+def test_a_sum_that_cancels_is_judged_at_its_terms_scale():
+    # One fp32 row of 128256 unit values whose sum is ~0: fp32 accumulation errs by ~1e-4 there
+    # (CI once failed a correct kernel on such a draw), while dropping its largest term errs by ~4.
+    import torch
+    ktype = autokernel.kernel_type("reduce")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((1, 128256), generator=gen, dtype=torch.float64)
+    x = (x - x.mean()).float()
+    inputs = {"x": x}
+    want = ktype.reference(**inputs).double()
+    assert abs(float(want)) < 1e-2
+    floor = ktype.error_scale(inputs)
+    assert 340 < floor < 380  # sqrt(128256) = 358
+    rounding = want + 3e-4   # 1e-6 of the terms' scale: what fp32 summation order can give
+    dropped = want - float(x[0].abs().max())
+    assert bool(autokernel.mismatches(rounding, want, torch.float32)[0].any())  # the old rule
+    assert not bool(autokernel.mismatches(rounding, want, torch.float32, floor)[0].any())
+    assert bool(autokernel.mismatches(dropped, want, torch.float32, floor)[0].any())
+    # Other types keep the plain rule; non-finite inputs fall back to it.
+    assert autokernel.kernel_type("softmax").error_scale({"x": x}) == 1.0
+    assert ktype.error_scale({"x": torch.full((1, 4), float("inf"))}) == 1.0
