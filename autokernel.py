@@ -397,6 +397,11 @@ class KernelType:
         scale = float(self.term_scale(inputs)) if self.term_scale else 1.0
         return scale if math.isfinite(scale) and scale > 1.0 else 1.0
 
+    def mismatches(self, got, want, inputs):
+        """autokernel.mismatches for an output of these inputs: their dtype's tolerance, atol
+        never below error_scale(inputs). What the gate and bench_starters judge values by."""
+        return mismatches(got, want, inputs[self.args[0]].dtype, self.error_scale(inputs))
+
     def shape_str(self, shape):
         return "x".join(str(d) for d in shape)
 
