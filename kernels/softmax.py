@@ -145,10 +145,10 @@ def _row_from_slices(m, total, x_ptr, x_off, N, stride_xn, words_ptr, row, pid, 
     blocks in order, so a row's programs run side by side, but nothing guarantees it (a GPU
     shared with other work; the CPU interpreter, which runs programs one after another). One
     that gives up reads the whole row itself: slower, never stuck, the same result up to
-    rounding. (A counter that programs increment
-    after storing their pair needs a release fence and a second round of loads: on the H100
-    that exchange cost 13% of the kernel at 4096x50257, this one 3%. Its price: each poll reads
-    all the row's words, which shows only when a row has ~100 programs: 1x1000000 9 -> 14 us.)"""
+    rounding. (A counter that programs increment after storing their pair needs a release fence
+    and a second round of loads: on the H100 that exchange cost 13% of the kernel at 4096x50257,
+    this one 3%. Its price: each poll reads all the row's words, which shows only when a row has
+    ~100 programs: 1x1000000 9 -> 14 us.)"""
     word = (m.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
         total.to(tl.int32, bitcast=True).to(tl.int64) & 0x7FFFFFFF)
     tl.atomic_xchg(words_ptr + pid, word, sem="relaxed")
