@@ -7,6 +7,10 @@ Each kernel is judged like bench.py judges it: fp64 oracle from reference.py, th
 tolerance, every CPU shape set and adversarial input of its type, fp16 and fp32 (the interpreter's
 bf16 tl.dot is wrong, so bf16 runs on the GPU only), plus the strided layouts models hand over.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -108,6 +112,74 @@ def test_attention_layouts_and_odd_head_dim():
     out = fa.flash_attention(q, k, v, config=dict(BLOCK_M=32, BLOCK_N=16, num_warps=4,
                                                   num_stages=2))
     assert_matches(out, reference.flash_attention(q, k, v))
+
+
+# Compiles the Gluon kernel for an H100 (sm_90) and prints shared memory, then the PTX. It runs in
+# a child without TRITON_INTERPRET, under which jit functions are interpreted, not compiled.
+COMPILE_FOR_SM90 = """
+import sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import autokernel
+fa = autokernel.load_module(autokernel.KERNELS_DIR / "flash_attention.py")
+D, dtype = int(sys.argv[1]), getattr(torch, sys.argv[2])
+q_layout, kv_layout = fa._hopper_layouts(D, dtype)
+el = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+N = fa.HOPPER_BLOCK_N
+signature = {"q_desc": f"tensordesc<{el}[64, {D}],{q_layout!r}>",
+             "k_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
+             "v_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
+             "o_ptr": f"*{el}", "S": "i32", "sched": "*i32", "qk_scale": "fp32", "n_qb": "i32",
+             "BLOCK_N": "constexpr", "HEAD_D": "constexpr", "STAGES": "constexpr"}
+constants = {"BLOCK_N": N, "HEAD_D": D, "STAGES": fa.HOPPER_STAGES}
+source = GluonASTSource(fa.flash_attention_hopper_kernel, signature, constants)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": 168})
+print(compiled.metadata.shared)
+print(compiled.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("D,dtype", [(128, "float16"), (64, "bfloat16")])
+def test_attention_hopper_kernel_compiles_for_sm90(D, dtype):
+    """The Gluon kernel cannot run in the interpreter, but it compiles for an H100 without one:
+    the wgmma/TMA/warp-specialization API it uses exists in this triton, and it neither spills
+    nor outgrows shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90, str(D), dtype], env=env,
+                          cwd=autokernel.ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, ptx = done.stdout.split("\n", 1)
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ".local" not in ptx, "register spills"
+    assert int(shared) <= 227 * 1024
+
+
+def test_attention_hopper_schedule_runs_every_tile_once():
+    fa = load("flash_attention")
+    for BH, S, ctas, group in [(64, 2048, 132, 16), (32, 4096, 132, 16), (6, 1000, 48, 4),
+                               (3, 127, 132, 1)]:
+        sched = fa.hopper_schedule(BH, S, min(ctas, BH * ((S + 127) // 128)), group, "cpu")
+        sched = sched.tolist()
+        n_qb = (S + 127) // 128
+        ctas = sched[0] - 1
+        runs = [sched[sched[c]:sched[c + 1]] for c in range(ctas)]
+        assert sorted(code for run in runs for code in run) == list(range(BH * n_qb))
+        work = [sum((min(code % n_qb * 128 + 128, S) + 127) // 128 + 1 for code in run)
+                for run in runs]
+        heaviest = (min(n_qb * 128, S) + 127) // 128 + 1
+        # greedy longest-first: no CTA ends more than one heaviest tile after the average
+        assert max(work) <= sum(work) / ctas + heaviest
+        # a CTA runs the groups in order, so it never returns to an earlier group of heads
+        for run in runs:
+            groups = [code // n_qb // group for code in run]
+            assert groups == sorted(groups)
+
+
+def test_attention_hopper_path_is_only_taken_on_hopper():
+    fa = load("flash_attention")
+    q = torch.randn(2, 32, 2048, 128).half()
+    assert not fa._hopper_ok(q, q, q)  # a CPU tensor: the Triton kernel (or interpreter) runs
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
