@@ -860,7 +860,10 @@ class Gate:
                 if overlaps(out, earlier):
                     raise CheckFailure(f"returned the same output buffer for two different "
                                        f"inputs (a result cached from an earlier call) at {where}")
-                if torch.equal(bits(out), bits(earlier)) and not torch.equal(ref, earlier_ref):
+                # Identical outputs for different inputs are a cache only if they are wrong
+                # for these inputs: a correct single bf16 sum can equal another draw's.
+                if torch.equal(bits(out), bits(earlier)) and not torch.equal(ref, earlier_ref) \
+                        and bool(self.ktype.mismatches(out.double(), ref.double(), clean)[0].any()):
                     raise CheckFailure(f"returned a result cached from an earlier call "
                                        f"(identical output for different inputs) at {where}")
             self.compare(out, ref, clean, where)

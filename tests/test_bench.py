@@ -344,3 +344,26 @@ def test_a_sum_that_cancels_is_judged_at_its_terms_scale():
     # Other types keep the plain rule; non-finite inputs fall back to it.
     assert autokernel.kernel_type("softmax").error_scale({"x": x}) == 1.0
     assert ktype.error_scale({"x": torch.full((1, 4), float("inf"))}) == 1.0
+
+
+def test_a_right_answer_equal_to_an_earlier_one_is_not_called_a_cache():
+    # A reduce's 1x16 bf16 output is one bf16 value: two draws' answers, each within tolerance,
+    # can be the same bits while the exact sums differ, and CI once failed a correct kernel on
+    # that as "a result cached from an earlier call".
+    import torch
+    import bench
+    ktype = autokernel.kernel_type("reduce")
+    module = autokernel.load_module(PLANTED / "good_reduce.py")
+    plan = {"kernel_type": "reduce", "shape": [1, 16], "bench_shapes": [], "dtype": "bf16"}
+    first = torch.tensor([[0.5, -1.25, 2.0, 0.75] * 4], dtype=torch.bfloat16)  # sums to 8
+    second = first.clone()
+    second[0, 0] = 0.5625  # sums to 8.0625, the next bf16 after 8
+    sets = [{"x": first}, {"x": second}]
+    assert not torch.equal(ktype.reference(**sets[0]), ktype.reference(**sets[1]))
+    # 8.0 for both: exact for the first, 0.8% off (bf16 rtol 2%) for the second
+    gate = bench.Gate(lambda x: module.kernel_fn(x=first), plan, lambda *a: None)
+    gate.judge("sweep", sets, "1x16 bf16")
+    # The same bits for inputs they are wrong for: still a cache.
+    far = {"x": -first}
+    with pytest.raises(bench.CheckFailure, match="identical output for different inputs"):
+        gate.judge("sweep", [sets[0], far], "1x16 bf16")
