@@ -19,9 +19,10 @@ accumulator rescaled when the max grows), so the S x S score matrix never touche
 fp32 inputs use tf32x3 dots (three tensor-core products): ~1e-6 error against the 1e-4 tolerance.
 Head dims that are not a power of two are padded to the next one with masked loads.
 
-On Hopper (sm_90), large fp16/bf16 problems with head dim 64 or 128 and contiguous inputs take a
-second kernel, written in Gluon (Triton's lower-level dialect: explicit layouts, shared memory,
-barriers and async tensor-core ops), in the style of FlashAttention-3. Plain Triton 3.6 waits
+On Hopper (sm_90), large fp16/bf16 problems with head dim 64 or 128, whose Q, K and V are
+contiguous or [B,S,H,D] buffers seen through .transpose(1, 2), take a second kernel, written in
+Gluon (Triton's lower-level dialect: explicit layouts, shared memory, barriers and async
+tensor-core ops), in the style of FlashAttention-3. Plain Triton 3.6 waits
 for each tensor-core product before the softmax that follows it, and at D=128 the exp2s cost
 about half as much as the two products: the Triton kernel kept the tensor pipe busy 49% of the
 time under ncu (SDPA's cuDNN kernel 63%) and ran at 0.83x SDPA. The Gluon kernel:
@@ -178,7 +179,8 @@ def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, start_n, MASK: gl.conste
 
 
 @gluon.jit
-def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb,
+def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale,
+                     n_qb,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
     """Warpgroup wg: rows 64*wg..64*wg+63 of each of this CTA's 128-row query tiles."""
     q_desc, k_desc, v_desc = descs
@@ -202,7 +204,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, qk_sc
     tiles = 0
     for t in range(gl.load(sched + gl.program_id(0)), gl.load(sched + gl.program_id(0) + 1)):
         code = gl.load(sched + t)
-        head_row0 = (code // n_qb) * S  # this head's first row in the [B*H*S, D] views
+        head_row0 = (code // n_qb) * S  # this head's first row of O, as [B*H*S, D]
         off_m = (code % n_qb) * 128
         n_blocks = (gl.minimum(off_m + 128, S) + BLOCK_N - 1) // BLOCK_N
         row_lo = off_m + 64 * wg
@@ -280,21 +282,21 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, qk_sc
 # warp_specialize takes one function per partition, and the worker partitions' functions must
 # share a signature: hence two thin wrappers around _hopper_consumer.
 @gluon.jit
-def _hopper_consumer0(descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb,
+def _hopper_consumer0(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
                       BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    _hopper_consumer(0, descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb, BLOCK_N, HEAD_D,
-                     STAGES)
+    _hopper_consumer(0, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+                     HEAD_D, STAGES)
 
 
 @gluon.jit
-def _hopper_consumer1(descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb,
+def _hopper_consumer1(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
                       BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    _hopper_consumer(1, descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb, BLOCK_N, HEAD_D,
-                     STAGES)
+    _hopper_consumer(1, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+                     HEAD_D, STAGES)
 
 
 @gluon.jit
-def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb,
+def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
     """One warp: TMA loads of each tile's Q (both halves) and K/V blocks, in the consumers'
     order: K_0, then K_{j+1} with V_j."""
@@ -306,34 +308,39 @@ def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb,
     tiles = 0
     for t in range(gl.load(sched + gl.program_id(0)), gl.load(sched + gl.program_id(0) + 1)):
         code = gl.load(sched + t)
-        head_row0 = (code // n_qb) * S
         off_m = (code % n_qb) * 128
         n_blocks = (gl.minimum(off_m + 128, S) + BLOCK_N - 1) // BLOCK_N
+        # Where this head's rows start in each descriptor's 2-D view (see _tma_rows).
+        head = heads + (code // n_qb) * 6
+        q_row, q_col = gl.load(head), gl.load(head + 1)
+        k_row, k_col = gl.load(head + 2), gl.load(head + 3)
+        v_row, v_col = gl.load(head + 4), gl.load(head + 5)
         # The next tile's Q loads as soon as both warpgroups made their last Q K^T product.
         mbarrier.wait(q_empty, (tiles & 1) ^ 1)
         mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [head_row0 + off_m, 0], q_ready, q_smem.index(0))
-        _tma_load(q_desc, [head_row0 + off_m + 64, 0], q_ready, q_smem.index(1))
+        _tma_load(q_desc, [q_row + off_m, q_col], q_ready, q_smem.index(0))
+        _tma_load(q_desc, [q_row + off_m + 64, q_col], q_ready, q_smem.index(1))
         for j in range(-1, n_blocks):
             if j + 1 < n_blocks:
                 ks = kc % STAGES
                 mbarrier.wait(k_empty.index(ks), ((kc // STAGES) & 1) ^ 1)
                 mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [head_row0 + (j + 1) * BLOCK_N, 0], k_ready.index(ks),
+                _tma_load(k_desc, [k_row + (j + 1) * BLOCK_N, k_col], k_ready.index(ks),
                           k_smem.index(ks))
                 kc += 1
             if j >= 0:
                 vs = vc % STAGES
                 mbarrier.wait(v_empty.index(vs), ((vc // STAGES) & 1) ^ 1)
                 mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [head_row0 + j * BLOCK_N, 0], v_ready.index(vs),
+                _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(vs),
                           v_smem.index(vs))
                 vc += 1
         tiles += 1
 
 
 @gluon.jit
-def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, qk_scale, n_qb,
+def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, heads, qk_scale,
+                                  n_qb,
                                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                   STAGES: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
@@ -362,11 +369,11 @@ def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, qk_sc
     # The default partition (this kernel's 4 warps) is warpgroup 0; the workers get 4 warps at
     # 240 registers (warpgroup 1) and 1 warp at 24 (the producer).
     gl.warp_specialize([
-        (_hopper_consumer0, (descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb, BLOCK_N,
+        (_hopper_consumer0, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                              HEAD_D, STAGES)),
-        (_hopper_consumer1, (descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb, BLOCK_N,
+        (_hopper_consumer1, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                              HEAD_D, STAGES)),
-        (_hopper_producer, (descs, bars, bufs, o_ptr, S, sched, qk_scale, n_qb, BLOCK_N,
+        (_hopper_producer, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                             HEAD_D, STAGES))],
         [4, 1], [240, 24])
 
@@ -463,13 +470,38 @@ def _hopper_device(index):
 
 
 def _hopper_ok(Q, K, V):
-    """Large contiguous fp16/bf16 problems with head dim 64 or 128 on a Hopper GPU."""
+    """Large fp16/bf16 problems with head dim 64 or 128 on a Hopper GPU, each of Q, K and V
+    contiguous or a transposed [B,S,H,D] buffer (_tma_rows)."""
     B, H, S, D = Q.shape
     return (Q.is_cuda and Q.dtype in (torch.float16, torch.bfloat16)
             and K.dtype == Q.dtype and V.dtype == Q.dtype and D in (64, 128)
             and K.shape == Q.shape and V.shape == Q.shape
             and B * H * S * S * D >= TMA_MIN_WORK and _hopper_device(Q.device.index) is not None
-            and all(_rows_view(t) is not None for t in (Q, K, V)))
+            and all(_tma_rows(t) is not None for t in (Q, K, V)))
+
+
+def _tma_rows(t):
+    """t[B,H,S,D] as a 2-D view whose consecutive rows are consecutive positions, for the Gluon
+    kernel's descriptors, with (b, h)'s first row at b * rows_b + h * rows_h and column h * cols_h:
+    (view, rows_b, rows_h, cols_h). Contiguous [B,H,S,D] is [B*H*S, D]; a [B,S,H,D] buffer
+    seen as [B,H,S,D] (what attention layers hand over after .transpose(1, 2)) is [B*S, H*D].
+    None for any other layout, or rows not 16-byte aligned."""
+    B, H, S, D = t.shape
+    if (D * t.element_size()) % 16 or t.data_ptr() % 16:
+        return None
+    if t.stride() == (H * S * D, S * D, D, 1):
+        return t.view(B * H * S, D), H * S, S, 0
+    if t.stride() == (S * H * D, D, H * D, 1):
+        return t.transpose(1, 2).view(B * S, H * D), S, 0, D
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_heads(B, H, q_place, k_place, v_place, device):
+    """Per (b, h): the first row and the column of its rows in Q's, K's and V's 2-D views."""
+    table = [[coord for rb, rh, ch in (q_place, k_place, v_place)
+              for coord in (b * rb + h * rh, h * ch)] for b in range(B) for h in range(H)]
+    return torch.tensor(table, dtype=torch.int32, device=device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -509,9 +541,11 @@ def flash_attention_hopper(Q, K, V):
     B, H, S, D = Q.shape
     sms, l2_bytes = _hopper_device(Q.device.index)
     q_layout, kv_layout = _hopper_layouts(D, Q.dtype)
-    q_desc = TensorDescriptor.from_tensor(_rows_view(Q), [64, D], q_layout)
-    k_desc = TensorDescriptor.from_tensor(_rows_view(K), [HOPPER_BLOCK_N, D], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(_rows_view(V), [HOPPER_BLOCK_N, D], kv_layout)
+    (q2, *q_place), (k2, *k_place), (v2, *v_place) = (_tma_rows(t) for t in (Q, K, V))
+    q_desc = TensorDescriptor.from_tensor(q2, [64, D], q_layout)
+    k_desc = TensorDescriptor.from_tensor(k2, [HOPPER_BLOCK_N, D], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(v2, [HOPPER_BLOCK_N, D], kv_layout)
+    heads = _hopper_heads(B, H, tuple(q_place), tuple(k_place), tuple(v_place), Q.device)
     O = torch.empty((B, H, S, D), device=Q.device, dtype=Q.dtype)
     n_qb = (S + 127) // 128
     # A third of L2 for the running group's K and V: on the H100 (50 MB) that is 16 heads at
@@ -522,7 +556,7 @@ def flash_attention_hopper(Q, K, V):
     # 12 warps (4 + 4 + 1, rounded up to whole warpgroups) x 32 threads x 168 registers fill the
     # 64K register file; warp_specialize then moves them: 240 to each consumer, 24 to the producer.
     flash_attention_hopper_kernel[(ctas,)](
-        q_desc, k_desc, v_desc, O, S, sched, LOG2E / math.sqrt(D), n_qb,
+        q_desc, k_desc, v_desc, O, S, sched, heads, LOG2E / math.sqrt(D), n_qb,
         BLOCK_N=HOPPER_BLOCK_N, HEAD_D=D, STAGES=HOPPER_STAGES, num_warps=4, maxnreg=168)
     return O
 

@@ -129,7 +129,8 @@ N = fa.HOPPER_BLOCK_N
 signature = {"q_desc": f"tensordesc<{el}[64, {D}],{q_layout!r}>",
              "k_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
              "v_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
-             "o_ptr": f"*{el}", "S": "i32", "sched": "*i32", "qk_scale": "fp32", "n_qb": "i32",
+             "o_ptr": f"*{el}", "S": "i32", "sched": "*i32", "heads": "*i32", "qk_scale": "fp32",
+             "n_qb": "i32",
              "BLOCK_N": "constexpr", "HEAD_D": "constexpr", "STAGES": "constexpr"}
 constants = {"BLOCK_N": N, "HEAD_D": D, "STAGES": fa.HOPPER_STAGES}
 source = GluonASTSource(fa.flash_attention_hopper_kernel, signature, constants)
@@ -180,6 +181,27 @@ def test_attention_hopper_path_is_only_taken_on_hopper():
     fa = load("flash_attention")
     q = torch.randn(2, 32, 2048, 128).half()
     assert not fa._hopper_ok(q, q, q)  # a CPU tensor: the Triton kernel (or interpreter) runs
+
+
+def test_attention_hopper_row_views_address_every_head():
+    """The Gluon kernel's TMA coordinates for contiguous [B,H,S,D] and for a [B,S,H,D] buffer
+    seen as [B,H,S,D]: row b*rows_b + h*rows_h + s, columns from h*cols_h, give element
+    [b, h, s, :]; other layouts are refused."""
+    fa = load("flash_attention")
+    B, H, S, D = 2, 3, 5, 64
+    base = torch.randn(B, S, H, D).half()
+    for t in (base.transpose(1, 2).contiguous(), base.transpose(1, 2)):
+        view, rows_b, rows_h, cols_h = fa._tma_rows(t)
+        table = fa._hopper_heads(B, H, (rows_b, rows_h, cols_h), (rows_b, rows_h, cols_h),
+                                 (rows_b, rows_h, cols_h), "cpu").tolist()
+        for b in range(B):
+            for h in range(H):
+                row0, col0 = table[b * H + h][:2]
+                for s in range(S):
+                    assert torch.equal(view[row0 + s, col0:col0 + D], t[b, h, s])
+    assert fa._tma_rows(torch.randn(B, H, D, S).half().transpose(2, 3)) is None  # D strided
+    assert fa._tma_rows(torch.randn(B, H, S, 2 * D).half()[..., :D]) is None  # padded rows
+    assert fa._tma_rows(torch.randn(B, H, S, 12).half()) is None  # rows of 24 bytes
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
