@@ -164,8 +164,8 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H
 # phase 1 on a fresh one passes at once, which is how the producer fills the ring the first time.
 
 @gluon.jit
-def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, start_n, MASK: gl.constexpr,
-                         BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+def _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, start_n, MASK: gl.constexpr,
+                           BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Online softmax of one 64 x BLOCK_N score block (log2 units after qk_scale)."""
     if MASK:  # causal: key <= query
         rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
@@ -176,6 +176,18 @@ def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, start_n, MASK: gl.conste
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, block, first_masked,
+                         BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Key block `block`'s softmax: only blocks from first_masked on build the causal mask."""
+    if block >= first_masked:
+        return _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, block * BLOCK_N, True,
+                                      BLOCK_N, s_layout)
+    else:
+        return _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, block * BLOCK_N, False,
+                                      BLOCK_N, s_layout)
 
 
 @gluon.jit
@@ -223,12 +235,8 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
         mbarrier.arrive(k_empty.index(ks), count=1)
         mbarrier.arrive(q_empty, count=1, pred=n_blocks == 1)  # Q's last use
         kc += 1
-        if first_masked == 0:
-            p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, 0, True,
-                                                      BLOCK_N, s_layout)
-        else:
-            p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, 0, False,
-                                                      BLOCK_N, s_layout)
+        p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, 0, first_masked,
+                                                  BLOCK_N, s_layout)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
         for j in range(0, n_blocks - 1):
@@ -248,14 +256,8 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
             mbarrier.arrive(k_empty.index(ks), count=1)
             mbarrier.arrive(q_empty, count=1, pred=j + 2 == n_blocks)
             kc += 1
-            if j + 1 >= first_masked:
-                p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo,
-                                                          (j + 1) * BLOCK_N, True, BLOCK_N,
-                                                          s_layout)
-            else:
-                p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo,
-                                                          (j + 1) * BLOCK_N, False, BLOCK_N,
-                                                          s_layout)
+            p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, j + 1,
+                                                      first_masked, BLOCK_N, s_layout)
             # P_j's registers stay alive until the product that reads them is done
             acc, p_done = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(vs), count=1)
@@ -400,14 +402,27 @@ def pick_config(S, D, dtype):
 TMA_MIN_WORK = 2 ** 34
 
 
-def _rows_view(t):
-    """t[B,H,S,D] as [B*H*S, D] rows for a TMA descriptor, or None if its layout does not allow
-    it (rows must be evenly spaced, the last dim unit-stride, 16-byte aligned, no padding)."""
+def _tma_rows(t):
+    """t[B,H,S,D] as a 2-D view whose consecutive rows are consecutive positions, for the Gluon
+    kernel's descriptors, with (b, h)'s first row at b * rows_b + h * rows_h and column h * cols_h:
+    (view, rows_b, rows_h, cols_h). Contiguous [B,H,S,D] is [B*H*S, D]; a [B,S,H,D] buffer
+    seen as [B,H,S,D] (what attention layers hand over after .transpose(1, 2)) is [B*S, H*D].
+    None for any other layout, or rows not 16-byte aligned."""
     B, H, S, D = t.shape
-    es = t.element_size()
-    if t.stride() != (H * S * D, S * D, D, 1) or (D * es) % 16 or t.data_ptr() % 16:
+    if (D * t.element_size()) % 16 or t.data_ptr() % 16:
         return None
-    return t.view(B * H * S, D)
+    if t.stride() == (H * S * D, S * D, D, 1):
+        return t.view(B * H * S, D), H * S, S, 0
+    if t.stride() == (S * H * D, D, H * D, 1):
+        return t.transpose(1, 2).view(B * S, H * D), S, 0, D
+    return None
+
+
+def _rows_view(t):
+    """t[B,H,S,D] as [B*H*S, D] rows for the Triton kernel's TMA path, which addresses head bh's
+    rows from bh * S: only a contiguous [B,H,S,D] qualifies (the first layout of _tma_rows)."""
+    rows = _tma_rows(t)
+    return rows[0] if rows is not None and rows[3] == 0 else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -478,22 +493,6 @@ def _hopper_ok(Q, K, V):
             and K.shape == Q.shape and V.shape == Q.shape
             and B * H * S * S * D >= TMA_MIN_WORK and _hopper_device(Q.device.index) is not None
             and all(_tma_rows(t) is not None for t in (Q, K, V)))
-
-
-def _tma_rows(t):
-    """t[B,H,S,D] as a 2-D view whose consecutive rows are consecutive positions, for the Gluon
-    kernel's descriptors, with (b, h)'s first row at b * rows_b + h * rows_h and column h * cols_h:
-    (view, rows_b, rows_h, cols_h). Contiguous [B,H,S,D] is [B*H*S, D]; a [B,S,H,D] buffer
-    seen as [B,H,S,D] (what attention layers hand over after .transpose(1, 2)) is [B*S, H*D].
-    None for any other layout, or rows not 16-byte aligned."""
-    B, H, S, D = t.shape
-    if (D * t.element_size()) % 16 or t.data_ptr() % 16:
-        return None
-    if t.stride() == (H * S * D, S * D, D, 1):
-        return t.view(B * H * S, D), H * S, S, 0
-    if t.stride() == (S * H * D, D, H * D, 1):
-        return t.transpose(1, 2).view(B * S, H * D), S, 0, D
-    return None
 
 
 @functools.lru_cache(maxsize=None)
