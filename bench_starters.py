@@ -1,6 +1,6 @@
 """
-The starter kernels (kernels/<type>.py) against PyTorch on this GPU, side by side: issue 3's
-"one command".
+The starter kernels (kernels/<type>.py) against PyTorch on this GPU, side by side, in one
+command.
 
     python3 bench_starters.py                                  # all nine types
     python3 bench_starters.py --types softmax,matmul --out starters.md
@@ -15,7 +15,7 @@ compile costs one row, never the run: the child reports each phase as it goes, t
 the row that died and starts a new child for the rest.
 
 Prints a markdown table (time, GB/s or TFLOP/s, % of the ceilings prepare.py measured, ratios vs
-eager / compile / library, and issue 3's goal per row) and writes it to --out (.md) plus the same
+eager / compile / library, and the goal per row) and writes it to --out (.md) plus the same
 data as JSON (.json beside it). On a CPU it runs the tiny CPU shapes through Triton's interpreter
 without torch.compile: a test of the plumbing, not a benchmark.
 """
@@ -34,9 +34,10 @@ from pathlib import Path
 
 import torch
 
-import prepare
 import reference
-from autokernel import CUDA, DEVICE, KERNEL_TYPES
+from autokernel import CUDA, DEVICE, KERNEL_TYPES, baselines
+from autokernel.cli import describe
+from autokernel.contract import KernelFileError, check_module, load_module
 
 # DESIGN.md's "bar to beat" rows beyond each type's primary shape (GPU only): (shape, dtype).
 EXTRA_CASES = {
@@ -45,7 +46,7 @@ EXTRA_CASES = {
     "matmul": [((8192, 8192, 8192), "fp16"), ((8192, 8192, 8192), "bf16")],
     "flash_attention": [((1, 32, 4096, 64), "fp16")],
 }
-# Issue 3's goals. Compute-bound types: (baseline, the speedup over it the starter must reach).
+# The starter goals. Compute-bound types: (baseline, the speedup over it the starter must reach).
 GOALS = {"matmul": ("library", 0.9), "flash_attention": ("library", 1.0),
          "fused_mlp": ("eager", 1.0)}
 MEMORY_GOAL_PCT = 90.0  # memory-bound: >= this % of measured copy bandwidth and faster than compile
@@ -81,15 +82,14 @@ def load_starter(ktype, kernel_file):
     if not Path(kernel_file).exists():
         return None, f"missing {kernel_file}"
     try:
-        module = autokernel.load_module(kernel_file)
+        module = load_module(kernel_file)
+        declared = check_module(module)["kernel_type"]
+    except KernelFileError as exc:
+        return None, str(exc)
     except Exception as exc:  # noqa: BLE001  (a broken starter is a row, not a dead run)
-        return None, f"import failed: {prepare.one_line(exc)}"
-    if getattr(module, "KERNEL_TYPE", None) != ktype.name:
-        return None, f"KERNEL_TYPE is {getattr(module, 'KERNEL_TYPE', None)!r}, not {ktype.name!r}"
-    if not callable(getattr(module, "kernel_fn", None)):
-        return None, "no kernel_fn"
-    if getattr(module, "BACKEND", "triton") == "cuda" and not CUDA:
-        return None, "BACKEND is cuda: needs a GPU"
+        return None, f"import failed: {describe(exc)}"
+    if declared != ktype.name:
+        return None, f"KERNEL_TYPE is {declared!r}, not {ktype.name!r}"
     return module, None
 
 
@@ -137,7 +137,7 @@ def measure_row(ktype, module, why_not, row, compile_mode, save):
     try:
         inputs = ktype.inputs(shape, dtype, DEVICE)
     except Exception as exc:  # noqa: BLE001  (out of memory, most likely)
-        row.update(status="ERROR", reason=f"making inputs: {prepare.one_line(exc)}")
+        row.update(status="ERROR", reason=f"making inputs: {describe(exc)}")
         phase("done")
         return
     if module is None:
@@ -152,10 +152,10 @@ def measure_row(ktype, module, why_not, row, compile_mode, save):
                                                     f" (max err {row['max_abs_err']:.3g})"))
             if ok:
                 phase("starter")
-                row["starter_us"] = prepare.time_us(lambda: module.kernel_fn(**inputs))
+                row["starter_us"] = baselines.time_us(lambda: module.kernel_fn(**inputs))
                 log(f"{label} starter {row['starter_us']:,.1f} us")
         except Exception as exc:  # noqa: BLE001
-            row.update(status="ERROR", reason=prepare.one_line(exc), starter_us=None)
+            row.update(status="ERROR", reason=describe(exc), starter_us=None)
             log(f"{label} starter raised {row['reason']}")
             if not cuda_alive():  # e.g. an illegal address: nothing else can run in this process
                 row["reason"] += " (CUDA context lost: this row's baselines not measured)"
@@ -172,19 +172,9 @@ def measure_row(ktype, module, why_not, row, compile_mode, save):
         phase(what)
         if what == "compile":
             log(f"{label} torch.compile(mode={compile_mode!r}) ...")
-            us, seconds, error = prepare.compile_and_time(prepare.eager_function(ktype), inputs,
-                                                          compile_mode)
-            row.update(compile_mode=compile_mode, compile_s=seconds)
-        else:
-            fn = prepare.eager_function(ktype)
-            if what == "library":
-                row["library"], fn = reference.LIBRARY[ktype.name]
-            us, error = None, None
-            try:
-                us = prepare.time_us(lambda: fn(**inputs))
-            except Exception as exc:  # noqa: BLE001
-                error = prepare.one_line(exc)
-        row[f"{what}_us"] = us
+        times, error = baselines.time_baseline(ktype, what, inputs, compile_mode)
+        row.update(times)
+        us = times[f"{what}_us"]
         if error:
             row[f"{what}_error"] = error
         extra = f" (compiled in {row['compile_s']:.0f} s)" if what == "compile" and us else ""
@@ -198,7 +188,7 @@ def measure_row(ktype, module, why_not, row, compile_mode, save):
         half = ktype.bytes(shape, dtype) // 2  # read + write = the kernel's bytes
         src = torch.empty(half, dtype=torch.uint8, device=DEVICE)
         dst = torch.empty_like(src)
-        row["copy_us"] = prepare.time_us(lambda: dst.copy_(src))
+        row["copy_us"] = baselines.time_us(lambda: dst.copy_(src))
         log(f"{label} copy of the same bytes {row['copy_us']:,.1f} us")
         del src, dst
     if CUDA:
@@ -299,7 +289,7 @@ def _ratio(baseline_us, starter_us):
 
 
 def judge(ktype, row, ceilings):
-    """Derived numbers and issue 3's goal for one finished row (added to the row)."""
+    """Derived numbers and the goal for one finished row (added to the row)."""
     shape, dtype = tuple(row["shape"]), row["dtype"]
     row.update({f"x_{what}": _ratio(row[f"{what}_us"], row["starter_us"]) for what in BASELINES})
     same_copy = _ratio(row["copy_us"], row["starter_us"])  # copy time / starter time
@@ -361,8 +351,8 @@ def markdown(rows, meta):
               + f". Datasheet ({ceilings['spec']['name']}): "
               f"{_cell(ceilings['spec']['fp16_tflops'])} TFLOP/s fp16, "
               f"{_cell(ceilings['spec']['bandwidth_gb_s'], '{:,.0f}')} GB/s.",
-              "Ratios are baseline time / starter time (> 1: the starter is faster). Goals (issue "
-              f"3): memory-bound >= {MEMORY_GOAL_PCT:.0f}% of copy bandwidth and faster than "
+              "Ratios are baseline time / starter time (> 1: the starter is faster). The starter "
+              f"goals: memory-bound >= {MEMORY_GOAL_PCT:.0f}% of copy bandwidth and faster than "
               "compile; " + "; ".join(f"{k} >= {t}x {b}" for k, (b, t) in GOALS.items()) + ".", "",
               "Same-bytes copy: `dst.copy_(src)` moving the row's bytes, timed in the same run; "
               "the starter's speed as a % of that copy's (small kernels pay a start-up and tail "
@@ -428,7 +418,7 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker, args.rows, args.kernels_dir, compile_mode)
     try:
-        types = prepare.parse_types(args.types)
+        types = baselines.parse_types(args.types)
     except ValueError as exc:
         parser.exit(2, f"bench_starters.py: error: {exc}\n")
     if not Path(args.kernels_dir).is_dir():
@@ -436,16 +426,16 @@ def main(argv=None):
 
     start = time.perf_counter()
     try:
-        ceilings = prepare.ensure_ceilings(log=log)
+        ceilings = baselines.ensure_ceilings(log=log)
     except Exception as exc:  # noqa: BLE001  (the table is still worth having without them)
-        log(f"bench_starters: measuring the ceilings failed ({prepare.one_line(exc)}); "
+        log(f"bench_starters: measuring the ceilings failed ({describe(exc)}); "
             "the % ceiling column stays empty")
-        ceilings = prepare.load_ceilings()
-    device = prepare.device_identity()
+        ceilings = baselines.load_ceilings()
+    device = baselines.device_identity()
     meta = {"gpu": device["name"] if CUDA else f"CPU ({device['cpu_model']})",
             "torch": device["torch"], "triton": device["triton"], "compile_mode": compile_mode,
             "timing_meaningful": autokernel.TIMING_MEANINGFUL, "ceilings": ceilings,
-            "timestamp": prepare.now()}
+            "timestamp": baselines.now()}
     log(f"bench_starters: {', '.join(types)} on {meta['gpu']}; torch.compile "
         f"mode={compile_mode or 'not run'}")
     rows = []

@@ -15,22 +15,31 @@ kernels/<type>.py to workspace/<type>_<rank>.py and appends a block that sets
                                            time first: bench.py times the first, sweeps them all
     BENCH_DTYPE  = "fp16"                  the dtype the model ran in
 
+CPU mode (no CUDA GPU): Triton's interpreter would take minutes to judge a model's real shapes,
+so BENCH_SHAPES holds them scaled down (`cpu_shape`): no dimension beyond what the type's own CPU
+primary and sweep shapes use, and each shrunk dimension keeps its remainder modulo 16, so odd
+sizes stay odd, multiples of 16 stay multiples of 16 and a vocabulary of 50257 stays 1 mod 16.
+A comment above BENCH_SHAPES says so and lists the real shapes; plan.json keeps both.
+
 Entries whose shapes could not be derived are skipped with the reason (never a default shape).
 An existing workspace file with different content is kept unless --force: the agent may have
 worked on it.
 
-workspace/plan.json schema (orchestrate.py reads it):
+workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
   model        str   the profiled model's description (profile.json "model")
-  created      str   ISO-8601 time this plan was written
+  created      str   ISO-8601 time this plan was written (a new plan starts a new night)
   profile      str   the profile.json it was built from
   device, dtype, input_shapes   as in profile.json
   total_op_us  float the model's summed op time per forward (the Amdahl denominator)
+  cpu_scaled   bool  true when extracted in CPU mode: bench_shapes are scaled-down shapes
   kernels      list  priority order (highest share first):
     rank           int    1, 2, ...
     name           str    KERNEL_NAME, e.g. "matmul_1"
     kernel_type    str    one of autokernel.KERNEL_TYPE_NAMES
     file           str    workspace/<name>.py, relative to the repo root
-    shapes         list   BENCH_SHAPES as lists, most time first
+    shapes         list   the model's real shapes as lists, most time first (verify.py runs the
+                          model at these)
+    bench_shapes   list   the file's BENCH_SHAPES as lists: `shapes` on a GPU, scaled in CPU mode
     dtype          str    BENCH_DTYPE
     share          float  fraction (0..1) of the model's op time spent in this type's ops
     time_us        float  that time per forward
@@ -39,30 +48,17 @@ workspace/plan.json schema (orchestrate.py reads it):
     ops            list   the profile entries merged into it, e.g. ["aten::linear", "aten::matmul"]
 """
 import argparse
-import json
 import sys
+import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
 import autokernel
-from autokernel import KERNEL_TYPES, ROOT
-
-
-class UsageError(Exception):
-    pass
-
-
-def read_profile(path):
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path} not found: run `uv run profile.py` first")
-    try:
-        profile = json.loads(path.read_text())
-        profile["entries"]
-    except (ValueError, KeyError, TypeError):
-        raise UsageError(f"{path} is not a profile.py output: run `uv run profile.py` again") \
-            from None
-    return profile
+from autokernel import KERNEL_TYPES
+from autokernel.cli import UsageError, fail, run_main
+from autokernel.contract import read_attrs
+from autokernel.results import rel
+from autokernel.workspace import read_profile, write_json
 
 
 def parse_types(text):
@@ -103,39 +99,97 @@ def merge_by_type(entries, types=None):
     return sorted(merged.values(), key=lambda m: -m["time_us"]), skipped
 
 
-def kernel_source(starter_text, name, shapes, dtype, model):
+CPU_ALIGN = 16  # a shrunk dimension keeps its remainder modulo this: alignment is what matters
+
+
+def cpu_caps(ktype):
+    """Per dimension, the largest size the type's own CPU primary and sweep shapes use: sizes the
+    interpreter is known to judge in seconds."""
+    shapes = [ktype.cpu_shapes["primary"], *ktype.cpu_shapes["sweep"]]
+    return [max(s[i] for s in shapes) for i in range(len(ktype.shape_names))]
+
+
+def shrink(size, cap):
+    """size when it fits under cap, else the largest number <= cap with the same remainder
+    modulo 16 (modulo the largest power of two <= cap when cap < 16): alignment and parity are
+    what change a kernel's code path (masked tails, vector loads), not the size itself."""
+    if size <= cap:
+        return size
+    align = min(CPU_ALIGN, 1 << (cap.bit_length() - 1))
+    return cap - (cap - size) % align
+
+
+def cpu_shape(ktype, shape):
+    """A model shape scaled down for Triton's interpreter (see the module docstring)."""
+    return [shrink(d, cap) for d, cap in zip(shape, cpu_caps(ktype))]
+
+
+def bench_shapes(ktype, shapes, cpu):
+    """BENCH_SHAPES for the file: the real shapes, or in CPU mode their scaled-down versions in
+    the same order (duplicates dropped: two real shapes can shrink to one)."""
+    if not cpu:
+        return [list(s) for s in shapes]
+    out = []
+    for s in shapes:
+        scaled = cpu_shape(ktype, s)
+        if scaled not in out:
+            out.append(scaled)
+    return out
+
+
+def shape_list(shapes):
+    return ", ".join("x".join(map(str, s)) for s in shapes)
+
+
+def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None):
+    """The starter with the contract block appended. real_shapes: the model's shapes when
+    `shapes` are CPU-scaled versions of them (the comment says so)."""
     shape_lines = "".join(f"    {tuple(s)!r},\n" for s in shapes)
+    scaled = "" if real_shapes is None else textwrap.fill(
+        "CPU mode: BENCH_SHAPES are the model's shapes scaled down for Triton's interpreter (no "
+        "dimension beyond the type's own CPU shapes; each shrunk one keeps its remainder modulo "
+        f"16). The real ones, in plan.json: {shape_list(real_shapes)}", 99,
+        initial_indent="# ", subsequent_indent="# ", break_long_words=False,
+        break_on_hyphens=False) + "\n"
     return (starter_text.rstrip("\n") + "\n\n\n"
             f"# --- appended by extract.py: the shapes {model} runs, most time first ---\n"
             f"KERNEL_NAME = {name!r}\n"
-            f"BENCH_SHAPES = [\n{shape_lines}]\n"
+            f"{scaled}BENCH_SHAPES = [\n{shape_lines}]\n"
             f"BENCH_DTYPE = {dtype!r}\n")
 
 
-def write_kernel(candidate, rank, profile, kernels_dir, workspace, force):
-    """Write workspace/<type>_<rank>.py; returns the plan row. Raises UsageError (one line)."""
+def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=False):
+    """Write workspace/<type>_<rank>.py (cpu: with CPU-scaled BENCH_SHAPES); returns the plan
+    row. Raises UsageError (one line)."""
     ktype = candidate["kernel_type"]
     starter = Path(kernels_dir) / f"{ktype}.py"
     if not starter.is_file():
         raise UsageError(f"{starter} is missing: no starter kernel for {ktype}, skipped")
     text = starter.read_text()
-    if f'KERNEL_TYPE = "{ktype}"' not in text and f"KERNEL_TYPE = '{ktype}'" not in text:
+    if read_attrs(text, starter)[0].get("KERNEL_TYPE") != ktype:
         raise UsageError(f"{starter} does not set KERNEL_TYPE = {ktype!r}, skipped")
     name = f"{ktype}_{rank}"
     path = Path(workspace) / f"{name}.py"
-    source = kernel_source(text, name, candidate["shapes"], profile["dtype"], profile["model"])
+    shapes = bench_shapes(KERNEL_TYPES[ktype], candidate["shapes"], cpu)
+    source = kernel_source(text, name, shapes, profile["dtype"], profile["model"],
+                           candidate["shapes"] if cpu else None)
     if path.exists() and path.read_text() != source and not force:
         raise UsageError(f"{path} exists with other content (the agent's work?): pass --force "
                          "to overwrite, skipped")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
     share = candidate["share"]
-    shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
-    return {"rank": rank, "name": name, "kernel_type": ktype, "file": str(shown),
-            "shapes": candidate["shapes"], "dtype": profile["dtype"], "share": share,
+    return {"rank": rank, "name": name, "kernel_type": ktype, "file": rel(path),
+            "shapes": candidate["shapes"], "bench_shapes": shapes, "dtype": profile["dtype"],
+            "share": share,
             "time_us": candidate["time_us"],
             "amdahl_ceiling": 1.0 / (1.0 - share) if share < 1.0 else None,
             "bound": candidate["bound"], "ops": candidate["ops"]}
+
+
+def brief(shapes, most=3):
+    more = f" (+{len(shapes) - most} more)" if len(shapes) > most else ""
+    return shape_list(shapes[:most]) + more
 
 
 def main(argv=None):
@@ -153,49 +207,43 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true",
                         help="overwrite workspace kernel files that differ")
     args = parser.parse_args(argv)
-    try:
-        if args.top < 1:
-            raise UsageError("--top must be >= 1")
-        types = parse_types(args.types)
-        profile = read_profile(args.profile)
-    except UsageError as e:
-        print(f"extract.py: error: {e}", file=sys.stderr)
-        return 2
+    if args.top < 1:
+        raise UsageError("--top must be >= 1")
+    types = parse_types(args.types)
+    profile = read_profile(args.profile)
 
     candidates, skipped = merge_by_type(profile["entries"], types)
     for name, ktype, reason in skipped:
         print(f"extract: skipped {name} ({ktype}): {reason}")
     if not candidates:
-        print("extract.py: error: no profiled op maps to a kernel type with known shapes"
-              + (f" among --types {args.types}" if types else ""), file=sys.stderr)
-        return 1
+        return fail("extract.py", "no profiled op maps to a kernel type with known shapes"
+                    + (f" among --types {args.types}" if types else ""), 1)
 
     plan, failed = [], 0
     for candidate in candidates[:args.top]:
         try:
             row = write_kernel(candidate, len(plan) + 1, profile, args.kernels_dir,
-                               args.workspace, args.force)
+                               args.workspace, args.force, cpu=not autokernel.CUDA)
         except UsageError as e:
-            print(f"extract.py: error: {e}", file=sys.stderr)
             failed += 1
+            fail("extract.py", e)
             continue
         plan.append(row)
-        shapes = ", ".join("x".join(map(str, s)) for s in row["shapes"][:3])
-        more = f" (+{len(row['shapes']) - 3} more)" if len(row["shapes"]) > 3 else ""
         print(f"{row['rank']}. {row['file']:<34} {100 * row['share']:5.1f}% of op time, "
               f"Amdahl ceiling {row['amdahl_ceiling'] or float('inf'):.2f}x, {row['bound']}, "
-              f"shapes {shapes}{more}")
+              f"shapes {brief(row['shapes'])}"
+              + ("" if autokernel.CUDA else f" (CPU: {brief(row['bench_shapes'])})"))
 
     plan_path = Path(args.workspace) / autokernel.PLAN_JSON.name
-    plan_path.parent.mkdir(parents=True, exist_ok=True)
-    plan_path.write_text(json.dumps({
+    write_json(plan_path, {
         "model": profile["model"], "created": datetime.now(timezone.utc).isoformat(),
         "profile": str(args.profile), "device": profile.get("device"),
         "dtype": profile["dtype"], "input_shapes": profile.get("input_shapes"),
-        "total_op_us": profile.get("total_op_us"), "kernels": plan}, indent=1))
+        "total_op_us": profile.get("total_op_us"), "cpu_scaled": not autokernel.CUDA,
+        "kernels": plan})
     print(f"wrote {plan_path} ({len(plan)} kernels)")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("extract.py", main))

@@ -1,153 +1,48 @@
 """
-Softmax over the last dim of x[M, N], in Triton. Starter kernel for AutoKernel.
+The file the agent edits: a small, correct example of the kernel file contract (the sum over the
+last dim of x[M, N]). `uv run orchestrate.py next` replaces it with the plan's first kernel.
 
-Two paths, picked by row length:
-  * rows that fit in registers (N <= MAX_FUSED_N): one read, one write. Each program owns a
-    [BLOCK_M, BLOCK_N] tile of whole rows (several rows per program when rows are short).
-  * long rows (vocab-sized, e.g. 50257): one program per row loops over the row twice.
-    Pass 1 keeps a running max and sum per lane (online softmax, one exp per element) and loads
-    with evict_last; pass 2 re-reads the row (last chunk first, so it is most likely still in
-    L2, then evict_first) and writes. Chunks start on 16-byte boundaries even when rows don't
-    (odd N), so the loads inside the row are unmasked 16-byte vectors.
-    Measured on the H100 (4096x50257 fp16): 441 us, vs eager 386 us and torch.compile 595 us;
-    a persistent grid sized so the rows in flight fit in L2, and whole rows in registers with
-    16/32 warps, both measured slower (446 us, 611-697 us). This path is the weakest starter.
-Rows that fit, measured on the H100 (8192x8192 fp16): 94 us, 2.85 TB/s (eager 270 us, compile 126 us).
-Math in fp32 whatever the input dtype; the output has x's dtype.
+The contract (autokernel/contract.py reads these names without running the file):
+    KERNEL_TYPE   one of the registered types (autokernel.KERNEL_TYPES): what kernel_fn computes
+    kernel_fn     takes the reference's tensors by name, returns a new tensor of the reference's
+                  dtype and shape; torch only allocates outputs and reads shapes and strides,
+                  the math happens in the Triton kernel
+optional:
+    KERNEL_NAME   the tag in results.tsv and plan.json (default: KERNEL_TYPE)
+    BACKEND       "triton" (the default)
+    BENCH_SHAPES  the shapes that matter, e.g. [(4096, 50257)]; the first is timed
+    BENCH_DTYPE   the timed dtype, "fp16" (default), "bf16" or "fp32"
+
+One program per row walks the row in BLOCK_N-column tiles, masked at the tail (any N: 1023,
+50257, 128256), and sums in fp32 whatever the input dtype: an fp16 sum loses digits on long rows.
 
 Usage:
-  uv run bench.py --kernel kernels/softmax.py      # the gate
-  cp kernels/softmax.py kernel.py                  # start the agent from here
+    uv run bench.py -m "what this edit tries"
 """
 import torch
 import triton
 import triton.language as tl
 
-KERNEL_TYPE = "softmax"
+KERNEL_TYPE = "reduce"
 BACKEND = "triton"
 
-LOG2E = tl.constexpr(1.4426950408889634)
-MAX_FUSED_N = 16384   # longest row held whole in registers (fp32: 64 KB per program)
+BLOCK_N = 1024  # columns per step: a power of two
 
 
 @triton.jit
-def softmax_fused_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym, stride_yn,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+def row_sum_kernel(x_ptr, y_ptr, N, stride_xm, stride_xn, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # row * stride can pass 2^31 elements
     cols = tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)[:, None]  # M*N can pass 2^31 elements
-    x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :] * stride_xn, mask=mask,
-                other=-float("inf"), eviction_policy=EVICT).to(tl.float32)
-    row_max = tl.max(x, axis=1)
-    e = tl.exp2((x - row_max[:, None]) * LOG2E)
-    inv_sum = 1.0 / tl.sum(e, axis=1)
-    y = e * inv_sum[:, None]
-    tl.store(y_ptr + rows64 * stride_ym + cols[None, :] * stride_yn,
-             y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _load_chunk(x_ptr, row_off, c, N, stride_n, cols, ALIGN: tl.constexpr,
-                BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
-    """Columns c .. c+BLOCK_N of the row at x_ptr + row_off, -inf outside [0, N). The caller
-    makes row_off + c a multiple of ALIGN elements (16 bytes; ALIGN is 1 unless the row is
-    unit-stride), so a chunk inside the row loads unmasked in 16-byte vectors even when the
-    row length is odd (vocab 50257) and rows start misaligned."""
-    if (c >= 0) & (c + BLOCK_N <= N):
-        x = tl.load(x_ptr + tl.multiple_of(row_off + c * stride_n, ALIGN) + cols * stride_n,
-                    eviction_policy=EVICT)
-    else:
-        cc = c + cols
-        x = tl.load(x_ptr + row_off + cc * stride_n, mask=(cc >= 0) & (cc < N),
-                    other=-float("inf"), eviction_policy=EVICT)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _store_chunk(y_ptr, y, row_off, c, N, stride_n, cols, ALIGN: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    if (c >= 0) & (c + BLOCK_N <= N):
-        tl.store(y_ptr + tl.multiple_of(row_off + c * stride_n, ALIGN) + cols * stride_n, y)
-    else:
-        cc = c + cols
-        tl.store(y_ptr + row_off + cc * stride_n, y, mask=(cc >= 0) & (cc < N))
-
-
-@triton.jit
-def softmax_looped_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym, stride_yn,
-                          ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, EVICT1: tl.constexpr,
-                          EVICT2: tl.constexpr):
-    """One row per program by default; a smaller grid makes it persistent (rows strided)."""
-    cols = tl.arange(0, BLOCK_N)
-    for row in range(tl.program_id(0), M, tl.num_programs(0)):
-        row64 = tl.cast(row, tl.int64)  # M*N can pass 2^31 elements
-        x_off = row64 * stride_xm
-        y_off = row64 * stride_ym
-        first = -(x_off % ALIGN)   # chunks start on 16-byte boundaries (a negative lead)
-        num_chunks = tl.cdiv(N - first, BLOCK_N)
-        # Pass 1: per-lane running max m and sum s of exp(x - m). Only the smaller of (m, x)
-        # needs an exp relative to the larger one, so each element costs one exp, not two.
-        m = tl.full([BLOCK_N], -float("inf"), tl.float32)
-        s = tl.zeros([BLOCK_N], tl.float32)
-        for k in range(0, num_chunks):
-            x = _load_chunk(x_ptr, x_off, first + k * BLOCK_N, N, stride_xn, cols, ALIGN,
-                            BLOCK_N, EVICT1)
-            new_m = tl.maximum(m, x)
-            e = tl.exp2((tl.minimum(m, x) - new_m) * LOG2E)
-            e = tl.where(new_m == -float("inf"), 0.0, e)  # both -inf: exp(-inf - -inf) is NaN
-            s = tl.where(x > m, s * e + 1.0, s + e)
-            m = new_m
-        row_max = tl.max(m, axis=0)
-        row_sum = tl.sum(s * tl.exp2((m - row_max) * LOG2E), axis=0)
-        inv_sum = 1.0 / row_sum
-        # Pass 2: walk the row backwards; the chunks read last in pass 1 are likeliest in L2.
-        for i in range(0, num_chunks):
-            c = first + (num_chunks - 1 - i) * BLOCK_N
-            x = _load_chunk(x_ptr, x_off, c, N, stride_xn, cols, ALIGN, BLOCK_N, EVICT2)
-            y = tl.exp2((x - row_max) * LOG2E) * inv_sum
-            _store_chunk(y_ptr, y.to(y_ptr.dtype.element_ty), y_off, c, N, stride_yn, cols,
-                         ALIGN, BLOCK_N)
-
-
-def _fused_config(M, N):
-    """Whole rows per program: about 8K elements a tile, ~16 fp32 values per thread."""
-    block_n = triton.next_power_of_2(N)
-    block_m = min(max(1, 8192 // block_n), triton.next_power_of_2(M))
-    num_warps = min(16, max(1, block_m * block_n // 512))
-    return block_m, block_n, num_warps
-
-
-def softmax(x, fused=None, block_n=None, num_warps=None, block_m=None, evict="", programs=None,
-            evict1="evict_last", evict2="evict_first"):
-    """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
-    N = x.shape[-1]
-    x2 = x.reshape(-1, N)  # a view for the contiguous inputs the contract promises
-    M = x2.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return y.view(x.shape)
-    if fused is None:
-        fused = N <= MAX_FUSED_N
-    if fused:
-        bm, bn, nw = _fused_config(M, N)
-        bm, nw = block_m or bm, num_warps or nw
-        softmax_fused_kernel[(triton.cdiv(M, bm),)](
-            x2, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-            BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
-    else:
-        bn = block_n or 4096
-        programs = min(M, programs or M)
-        # 16-byte chunk alignment holds for x and y alike only for unit-stride rows whose
-        # row strides agree modulo 16 bytes (always so for the contiguous inputs of the contract)
-        align = 16 // x.element_size()
-        if x2.stride(1) != 1 or (x2.stride(0) - y.stride(0)) % align:
-            align = 1
-        softmax_looped_kernel[(programs,)](
-            x2, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-            ALIGN=align, BLOCK_N=bn, EVICT1=evict1, EVICT2=evict2, num_warps=num_warps or 16)
-    return y.view(x.shape)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        x = tl.load(x_ptr + row * stride_xm + (start + cols) * stride_xn, mask=mask, other=0.0)
+        acc += x.to(tl.float32)
+    tl.store(y_ptr + row, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty))
 
 
 def kernel_fn(x):
-    return softmax(x)
+    M, N = x.shape
+    y = torch.empty((M,), dtype=x.dtype, device=x.device)
+    row_sum_kernel[(M,)](x, y, N, x.stride(0), x.stride(1), BLOCK_N=BLOCK_N)
+    return y

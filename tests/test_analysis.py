@@ -3,22 +3,18 @@ import json
 import math
 
 import matplotlib.image
-import pandas as pd
 import pytest
 import torch
 
 import analysis
 import autokernel as ak
+from autokernel import results
+from autokernel.cli import run_main
 from test_orchestrate import PLAN, row, write_tsv
 
 
 def run(capsys, *argv, code=0):
-    if code:
-        with pytest.raises(SystemExit) as info:
-            analysis.main(list(argv))
-        assert info.value.code == code
-    else:
-        analysis.main(list(argv))
+    assert run_main("analysis.py", analysis.main, list(argv)) == code
     return capsys.readouterr()
 
 
@@ -55,19 +51,31 @@ def test_plot_summary_and_projection(tmp_path, capsys):
     assert f"projected model speedup: {1 / (0.5 + 0.15 + 0.2 / 1.2):.3f}x" in out
 
 
-def test_without_plan_and_seed_format(tmp_path, capsys, monkeypatch):
+def test_without_plan(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ak, "PLAN_JSON", tmp_path / "no-plan.json")
     path = tmp_path / "results.tsv"
-    pd.DataFrame(night())[ak.SEED_COLUMNS].to_csv(path, sep="\t", index=False)
+    write_tsv(path, night())
     out = run(capsys, "--results", str(path), "--out", str(tmp_path / "p.png")).out
     assert "n/a" in out and (tmp_path / "p.png").stat().st_size > 10_000
-    assert "2.00x eager" in out  # the seed's speedup_vs_pytorch column; kept rows replayed
+    assert "2.00x eager" in out
+
+
+def test_last_rows_as_a_table(tmp_path, capsys):
+    path = tmp_path / "results.tsv"
+    write_tsv(path, night())
+    out = run(capsys, "--results", str(path), "--last", "3", "--out", str(tmp_path / "p.png")).out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["exp", "tag", "latency_us"] and len(lines) == 4
+    assert [line.split()[0] for line in lines[1:]] == ["10", "11", "12"]
+    assert "exp 12" in lines[-1] and "softmax_1" in lines[-1] and "keep" in lines[-1]
+    assert not (tmp_path / "p.png").exists()  # --last only prints
 
 
 @pytest.mark.parametrize("content, message", [
     (None, "not found"),
     ("", "empty"),
-    ("\t".join(ak.RESULTS_COLUMNS) + "\n", "no experiments yet"),
+    ("\t".join(results.COLUMNS) + "\n", "no experiments yet"),
+    ("\t".join(results.SEED_COLUMNS) + "\n", "malformed"),
     ("a\tb\n1\t2\t3\t4\n", "malformed"),
 ])
 def test_bad_results_one_line_error(tmp_path, capsys, content, message):

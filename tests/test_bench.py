@@ -6,6 +6,9 @@ git repo of its own (the harness files copied in and committed with a good kerne
 file then put in as kernel.py). Each must give its named reason and a non-PASS row, leave a
 results.tsv that pandas reads with the schema's columns, and leave the repo as committed. Then the
 keep/revert decisions, --no-git, and the refusals (dirty harness, malformed results.tsv, no repo).
+tests/attacks/ holds kernels that attack the gate from their own process (forged reports, slowed
+clocks, wiped history, git moves, edited files, planted modules, leftover processes): none may be
+kept, and the night's rows, commits and files must come through intact.
 
 The ~25 CLI runs (each pays torch's import) run two at a time in one module fixture.
 
@@ -23,16 +26,26 @@ import pandas as pd
 import pytest
 
 import autokernel
+from autokernel import gate
+from autokernel.child import Runner
+from autokernel.cli import UsageError
+from autokernel.contract import KernelFileError, check_module, load_module
+from autokernel.results import COLUMNS, read_rows
 
 PLANTED = Path(__file__).resolve().parent / "planted"
 GOOD = PLANTED / "good_reduce.py"
-REPO_FILES = ["bench.py", "autokernel.py", "reference.py", "prepare.py", ".gitignore"]
+ATTACKS = Path(__file__).resolve().parent / "attacks"
+REPO_FILES = ["bench.py", "reference.py", ".gitignore"]
 # Hermetic git: no user/system config (hooks, signing), a fixed identity.
 GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
                GIT_AUTHOR_NAME="bench test", GIT_AUTHOR_EMAIL="bench@test",
                GIT_COMMITTER_NAME="bench test", GIT_COMMITTER_EMAIL="bench@test")
 
-# planted file -> (extra CLI args, expected correctness, a phrase the reason must contain)
+# planted file -> (extra CLI args, expected correctness, a phrase the reason must contain).
+# Those that need a process of their own (or show the CLI's row) run through bench.py; every
+# other one is judged in-process too (test_planted_kernel_is_named_in_process), which is faster.
+CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort", "missing_kernel_fn",
+             "wrong_non_pow2", "torch_softmax", "returns_input")
 PLANTED_CASES = {
     "syntax_error": ([], "FAIL", "syntax error"),
     "import_error": ([], "FAIL", "import error"),
@@ -50,7 +63,7 @@ PLANTED_CASES = {
     "torch_softmax": ([], "FAIL", "called torch compute op aten._softmax"),
     "torch_matmul": ([], "FAIL", "called torch compute op aten.mm"),
     "cached_result": ([], "FAIL", "cached from an earlier call"),
-    "returns_input": ([], "FAIL", "returned its input x"),
+    "returns_input": ([], "FAIL", "shares memory with input x"),
     "writes_input": ([], "FAIL", "modified its input x"),
     "nondeterministic": ([], "FAIL", "non-deterministic"),
 }
@@ -67,8 +80,9 @@ def make_repo(path, init_git=True):
     """The harness and a good kernel.py, committed: what a user's checkout looks like."""
     path.mkdir(parents=True)
     for name in REPO_FILES:
-        if (autokernel.ROOT / name).exists():
-            shutil.copy(autokernel.ROOT / name, path / name)
+        shutil.copy(autokernel.ROOT / name, path / name)
+    shutil.copytree(autokernel.ROOT / "autokernel", path / "autokernel",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(GOOD, path / "kernel.py")
     if init_git:
         git(path, "init", "-q")
@@ -77,8 +91,8 @@ def make_repo(path, init_git=True):
     return path
 
 
-def run_bench(repo, *args, timeout=300):
-    proc = subprocess.run([sys.executable, "bench.py", *args], cwd=repo, env=GIT_ENV,
+def run_bench(repo, *args, timeout=300, env=None):
+    proc = subprocess.run([sys.executable, "bench.py", *args], cwd=repo, env=env or GIT_ENV,
                           capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     keys = {}
@@ -103,27 +117,22 @@ def snapshot(repo):
             if results.exists() else None}
 
 
-def set_kept_latency(results, latency_us):
-    """Pretend the kept row was this fast (the next identical kernel is then slower)."""
-    with open(results, newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
-    column = rows[0].index("latency_us")
-    for row in rows[1:]:
-        row[column] = str(latency_us)
-    with open(results, "w", newline="") as f:
-        csv.writer(f, delimiter="\t", lineterminator="\n").writerows(rows)
-
-
 def variant(text, n):
     return text + f"\n# variant {n}\n"
 
 
+def slower(text):
+    """The same kernel doing its work four times over."""
+    return text + ("\n_once = kernel_fn\n\n\ndef kernel_fn(x):\n    for _ in range(3):\n"
+                   "        _once(x)\n    return _once(x)\n")
+
+
 # ---- scenarios (each in its own repo; run concurrently by the fixture) ----------------------
 
-def planted_scenario(root, name):
+def planted_scenario(root, name, folder=PLANTED, cases=PLANTED_CASES):
     repo = make_repo(root / name)
-    shutil.copy(PLANTED / f"{name}.py", repo / "kernel.py")
-    extra = PLANTED_CASES[name][0]
+    shutil.copy(folder / f"{name}.py", repo / "kernel.py")
+    extra = cases[name][0]
     run = run_bench(repo, "--timeout", "120", *extra, "-m", f"planted {name}")
     return {"run": run, **snapshot(repo)}
 
@@ -134,8 +143,7 @@ def keep_then_revert_scenario(root):
     (repo / "kernel.py").write_text(variant(good, 1))
     first = run_bench(repo, "-m", 'faster "tiles"\twith a tab\nand a newline')
     after_first = snapshot(repo)
-    set_kept_latency(repo / "results.tsv", 0.001)  # the kept version was "much faster"
-    (repo / "kernel.py").write_text(variant(good, 2))
+    (repo / "kernel.py").write_text(slower(good))
     second = run_bench(repo, "-m", "slower")
     return {"first": first, "after_first": after_first, "second": second, **snapshot(repo)}
 
@@ -178,14 +186,18 @@ def not_a_repo_scenario(root):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
-    jobs = {f"planted:{name}": (planted_scenario, root, name) for name in PLANTED_CASES}
+    jobs = {f"planted:{name}": (planted_scenario, root, name) for name in CLI_CASES}
+    jobs.update({f"attack:{name}": (planted_scenario, root, name, ATTACKS, ATTACK_CASES)
+                 for name in ATTACK_CASES})
     jobs.update({name: (fn, root) for name, fn in [
+        ("tampering", tampering_scenario), ("orphan", orphan_scenario),
+        ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
         ("dirty_reference", dirty_reference_scenario),
         ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario)]})
     # Longest first, so the two workers finish together.
-    order = ["keep_then_revert", "no_git"] + [k for k in jobs if k not in ("keep_then_revert",
-                                                                           "no_git")]
+    first = ["tampering", "keep_then_revert", "concurrency", "no_git"]
+    order = first + [k for k in jobs if k not in first]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(jobs[name][0], *jobs[name][1:]) for name in order}
         return {name: future.result() for name, future in futures.items()}
@@ -194,10 +206,10 @@ def runs(tmp_path_factory):
 # ---- tests ----------------------------------------------------------------------------------
 
 def assert_schema(results):
-    assert list(results.columns) == autokernel.RESULTS_COLUMNS
+    assert list(results.columns) == COLUMNS
 
 
-@pytest.mark.parametrize("name", list(PLANTED_CASES))
+@pytest.mark.parametrize("name", CLI_CASES)
 def test_planted_kernel_is_rejected_with_a_named_reason(runs, name):
     _, correctness, phrase = PLANTED_CASES[name]
     r = runs[f"planted:{name}"]
@@ -250,7 +262,8 @@ def test_slower_than_best_is_reverted(runs):
     run = r["second"]
     assert run["rc"] == 0, run["stderr"][-2000:]
     assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert"
-    assert "not faster than best kept" in run["last_line"]
+    assert "against the kept version is within" in run["last_line"], run["stdout"]
+    assert run["keys"]["kept_rounds_us"] and run["keys"]["best_kept_us"] != "n/a"
     assert r["commits"] == 2 and r["status"] == ""
     assert r["kernel"] == variant(GOOD.read_text(), 1)  # back to the kept version
     assert list(r["results"]["status"]) == ["keep", "revert"]
@@ -299,28 +312,42 @@ def test_not_a_git_repo_suggests_no_git(runs):
 
 # ---- in-process pieces (no subprocess) ------------------------------------------------------
 
+IN_PROCESS = [n for n, (_, correctness, _) in PLANTED_CASES.items()
+              if correctness == "FAIL" and n not in ("syntax_error", "import_error")]
+
+
+@pytest.mark.parametrize("name", IN_PROCESS)
+def test_planted_kernel_is_named_in_process(name):
+    _, correctness, phrase = PLANTED_CASES[name]
+    module = load_module(PLANTED / f"{name}.py")
+    try:
+        plan = check_module(module)
+    except KernelFileError as e:
+        assert phrase in str(e)
+        return
+    result = gate.check(Runner(module.kernel_fn), plan)
+    assert result["correctness"] == correctness and phrase in result["reason"], result
+
+
 def test_check_in_process_names_the_failing_stage():
-    import bench
-    module = autokernel.load_module(PLANTED / "wrong_non_pow2.py")
-    result = bench.check(module)
+    module = load_module(PLANTED / "wrong_non_pow2.py")
+    result = gate.check(Runner(module.kernel_fn), check_module(module))
     assert result["correctness"] == "FAIL" and result["failed_stage"] == "sweep"
     assert result["stages"]["smoke"] == "PASS" and result["stages"]["edge"] == "skipped"
     assert result["reason"].startswith("sweep: wrong values at 16x1000")
 
 
 def test_usage_errors_exit_2():
-    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--margin", "2"],
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--timeout", "-1"],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and "--margin" in proc.stderr
+    assert proc.returncode == 2 and "--timeout" in proc.stderr
 
 
 def test_read_results_rejects_ragged_rows(tmp_path):
-    import bench
     path = tmp_path / "results.tsv"
-    columns = autokernel.RESULTS_COLUMNS
-    path.write_text("\t".join(columns) + "\n" + "\t".join(["1"] * (len(columns) - 1)) + "\n")
-    with pytest.raises(bench.Refusal, match="line 2 has"):
-        bench.read_results(path, columns)
+    path.write_text("\t".join(COLUMNS) + "\n" + "\t".join(["1"] * (len(COLUMNS) - 1)) + "\n")
+    with pytest.raises(UsageError, match="line 2 has"):
+        read_rows(path)
 
 
 def test_a_sum_that_cancels_is_judged_at_its_terms_scale():
@@ -351,9 +378,8 @@ def test_a_right_answer_equal_to_an_earlier_one_is_not_called_a_cache():
     # can be the same bits while the exact sums differ, and CI once failed a correct kernel on
     # that as "a result cached from an earlier call".
     import torch
-    import bench
     ktype = autokernel.kernel_type("reduce")
-    module = autokernel.load_module(PLANTED / "good_reduce.py")
+    module = load_module(PLANTED / "good_reduce.py")
     plan = {"kernel_type": "reduce", "shape": [1, 16], "bench_shapes": [], "dtype": "bf16"}
     first = torch.tensor([[0.5, -1.25, 2.0, 0.75] * 4], dtype=torch.bfloat16)  # sums to 8
     second = first.clone()
@@ -361,9 +387,152 @@ def test_a_right_answer_equal_to_an_earlier_one_is_not_called_a_cache():
     sets = [{"x": first}, {"x": second}]
     assert not torch.equal(ktype.reference(**sets[0]), ktype.reference(**sets[1]))
     # 8.0 for both: exact for the first, 0.8% off (bf16 rtol 2%) for the second
-    gate = bench.Gate(lambda x: module.kernel_fn(x=first), plan, lambda *a: None)
-    gate.judge("sweep", sets, "1x16 bf16")
+    judge = gate.Judge(Runner(lambda x: module.kernel_fn(x=first)), plan, lambda *a: None)
+    judge.judge("sweep", sets, "1x16 bf16")
     # The same bits for inputs they are wrong for: still a cache.
     far = {"x": -first}
-    with pytest.raises(bench.CheckFailure, match="identical output for different inputs"):
-        gate.judge("sweep", [sets[0], far], "1x16 bf16")
+    with pytest.raises(gate.CheckFailure, match="identical output for different inputs"):
+        judge.judge("sweep", [sets[0], far], "1x16 bf16")
+
+
+# ---- attacks from the kernel's own process --------------------------------------------------
+
+ATTACK_CASES = {  # judged in a fresh repo, like the planted kernels
+    "forged_report": ([], "FAIL", "wrong values"),
+    "slowed_clocks": ([], "FAIL", "timing contradicted"),
+}
+TAMPERING = ["wipes_results", "moves_branch", "edits_every_file", "plants_modules"]
+
+
+def tampering_scenario(root):
+    """A kept kernel, then each tampering attack in turn in the same repo."""
+    repo = make_repo(root / "tampering")
+    (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))  # a keep of its own commit
+    kept = run_bench(repo, "-m", "the kept version")
+    before = {"head": git(repo, "rev-parse", "HEAD"), "branch": git(repo, "branch",
+                                                                       "--show-current"),
+              "results": (repo / "results.tsv").read_text()}
+    attacks = {}
+    for name in TAMPERING:
+        shutil.copy(ATTACKS / f"{name}.py", repo / "kernel.py")
+        run = run_bench(repo, "-m", f"attack {name}")
+        attacks[name] = {"run": run, **snapshot(repo), "head": git(repo, "rev-parse", "HEAD"),
+                         "branch": git(repo, "branch", "--show-current"),
+                         "results_text": (repo / "results.tsv").read_text(),
+                         "planted": planted_files(repo)}
+    return {"kept": kept, "before": before, "attacks": attacks}
+
+
+def planted_files(repo):
+    """plants_modules' files, if they survived: json.py and the forged .pyc."""
+    pycs = (repo / "autokernel" / "__pycache__").glob("results.*.pyc")
+    return [p.name for p in [repo / "json.py", *pycs]
+            if p.exists() and (p.name == "json.py" or p.read_bytes() == b"forged")]
+
+
+def orphan_scenario(root):
+    repo = make_repo(root / "orphan")
+    shutil.copy(ATTACKS / "leaves_a_process.py", repo / "kernel.py")
+    pidfile = root / "orphan.pid"
+    run = run_bench(repo, "--no-git", env=dict(GIT_ENV, AUTOKERNEL_TEST_PIDFILE=str(pidfile)))
+    pid = int(pidfile.read_text())
+    return {"run": run, "pid": pid, "alive": pid_alive(pid)}
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children_of(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def concurrency_scenario(root):
+    """A hanging run holds the lock; a second run is refused; SIGKILL of the first takes its
+    child with it; the next run restores what the killed one left."""
+    import signal
+    import time
+    repo = make_repo(root / "concurrency")
+    shutil.copy(PLANTED / "infinite_loop.py", repo / "kernel.py")
+    first = subprocess.Popen([sys.executable, "bench.py", "--timeout", "120"], cwd=repo,
+                             env=GIT_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline, kids = time.monotonic() + 120, []
+    while time.monotonic() < deadline and not kids:
+        time.sleep(0.5)
+        kids = children_of(first.pid)
+    second = run_bench(repo)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    time.sleep(2)
+    left = [pid for pid in kids if pid_alive(pid)]
+    third = run_bench(repo, "--timeout", "5")
+    unwritable = run_bench(repo, "--results", str(repo / "kernel.py" / "results.tsv"))
+    return {"kids": kids, "second": second, "left": left, "third": third,
+            "unwritable": unwritable, **snapshot(repo)}
+
+
+def test_attacks_from_the_kernels_process_never_keep_and_change_nothing(runs):
+    r = runs["tampering"]
+    assert r["kept"]["keys"]["status"] == "keep", r["kept"]["stdout"]
+    before = r["before"]
+    for number, name in enumerate(TAMPERING, start=2):
+        a = r["attacks"][name]
+        run = a["run"]
+        assert run["rc"] == 0, (name, run["stderr"][-2000:])
+        assert run["keys"]["correctness"] == "FAIL", (name, run["stdout"])
+        assert "the kernel's process changed" in run["keys"]["reason"], (name, run["stdout"])
+        assert run["keys"]["status"] == "revert"
+        assert a["head"] == before["head"] and a["branch"] == before["branch"], name
+        assert a["status"] == "", (name, a["status"])  # every tracked file as committed
+        assert a["kernel"] == a["committed_kernel"] == variant(GOOD.read_text(), 1)
+        assert a["results_text"].startswith(before["results"]), name  # history intact
+        assert len(a["results"]) == number and a["results"].iloc[-1]["status"] == "revert"
+        assert a["planted"] == [], name
+
+
+@pytest.mark.parametrize("name", list(ATTACK_CASES))
+def test_attack_is_refused_with_a_named_reason(runs, name):
+    _, correctness, phrase = ATTACK_CASES[name]
+    r = runs[f"attack:{name}"]
+    run = r["run"]
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["keys"]["correctness"] == correctness and phrase in run["keys"]["reason"], \
+        run["stdout"]
+    assert r["commits"] == 1 and r["status"] == "" and r["kernel"] == GOOD.read_text()
+    assert list(r["results"]["status"]) == ["revert"]
+
+
+def test_no_process_outlives_the_verdict(runs):
+    r = runs["orphan"]
+    assert r["run"]["rc"] == 0, r["run"]["stderr"][-2000:]
+    assert not r["alive"], f"pid {r['pid']} (started in its own session) still runs"
+
+
+def test_one_bench_at_a_time_and_a_killed_one_takes_its_child_along(runs):
+    r = runs["concurrency"]
+    assert r["kids"], "the first bench.py never started its child"
+    assert_one_line_refusal(r["second"], "another bench.py is judging")
+    assert r["left"] == [], "the child outlived its killed bench.py"
+    third = r["third"]
+    assert third["keys"]["correctness"] == "TIMEOUT", third["stdout"]
+    assert "exceeded the 5 s" in third["keys"]["reason"]
+    assert r["status"] == "" and r["commits"] == 1
+
+
+def test_an_unwritable_results_file_is_refused_before_judging(runs):
+    r = runs["concurrency"]
+    assert_one_line_refusal(r["unwritable"], "not writable")
+    assert r["commits"] == 1

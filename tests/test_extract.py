@@ -1,6 +1,7 @@
-"""extract.py: merging by kernel type, real BENCH_SHAPES in loadable kernel files, plan.json in
-priority order, skips with reasons, one-line errors; and the README's main job end to end in a
-copy of the repo (`profile.py` with no arguments, then `extract.py --top 5`) on a CPU."""
+"""extract.py: merging by kernel type, BENCH_SHAPES in loadable kernel files (the model's real
+shapes on a GPU, scaled down with their traits kept in CPU mode), plan.json in priority order,
+skips with reasons, one-line errors; and the README's main job end to end in a copy of the repo
+(`profile.py` with no arguments, then `extract.py --top 5`) on a CPU."""
 import json
 import shutil
 import subprocess
@@ -9,8 +10,15 @@ import sys
 import pytest
 
 import autokernel
+from autokernel.cli import run_main
+from autokernel.contract import load_module
 
-extract = autokernel.load_module(autokernel.ROOT / "extract.py", "extract_under_test")
+extract = load_module(autokernel.ROOT / "extract.py", "extract_under_test")
+
+
+def run(argv):
+    """extract.py's exit code, as `uv run extract.py ARGV` would return it."""
+    return run_main("extract.py", extract.main, argv)
 
 PROFILE = {
     "model": "tiny test model", "dtype": "fp16", "device": "cuda", "input_shapes": [[2, 8]],
@@ -58,7 +66,7 @@ def setup(tmp_path):
 
 def test_writes_kernels_and_plan_in_priority_order(setup, capsys):
     tmp_path, args, ws = setup
-    assert extract.main(["--top", "5"] + args) == 0
+    assert run(["--top", "5"] + args) == 0
     out = capsys.readouterr().out
     assert "skipped aten::scaled_dot_product_attention (flash_attention): attention with an " \
            "explicit mask" in out
@@ -74,18 +82,61 @@ def test_writes_kernels_and_plan_in_priority_order(setup, capsys):
     assert matmul["ops"] == ["aten::linear", "aten::matmul"] and matmul["bound"] == "compute"
     assert [k["share"] for k in plan["kernels"]] == sorted((k["share"] for k in plan["kernels"]),
                                                            reverse=True)
+    assert plan["cpu_scaled"] is True  # the tests run on a CPU
+    # 101 does not fit under matmul's CPU cap of 64 for N: 53 keeps its remainder mod 16
+    assert matmul["bench_shapes"] == [[16, 53, 32], [16, 64, 32]]
     for row in plan["kernels"]:
-        assert set(row) >= {"name", "kernel_type", "file", "shapes", "dtype", "share", "time_us",
-                            "amdahl_ceiling", "bound"}
-        module = autokernel.load_module(row["file"])
+        assert set(row) >= {"name", "kernel_type", "file", "shapes", "bench_shapes", "dtype",
+                            "share", "time_us", "amdahl_ceiling", "bound"}
+        module = load_module(row["file"])
         assert module.KERNEL_TYPE == row["kernel_type"] and module.KERNEL_NAME == row["name"]
-        assert module.BENCH_SHAPES == [tuple(s) for s in row["shapes"]]
+        assert module.BENCH_SHAPES == [tuple(s) for s in row["bench_shapes"]]
         assert module.BENCH_DTYPE == "fp16" and callable(module.kernel_fn)
+        text = (ws / f"{row['name']}.py").read_text()
+        real = ", ".join("x".join(map(str, s)) for s in row["shapes"])
+        assert "CPU mode" in " ".join(text.split()) and real in " ".join(
+            line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+
+
+def test_gpu_extraction_keeps_the_real_shapes(setup, monkeypatch):
+    _, args, ws = setup
+    monkeypatch.setattr(autokernel, "CUDA", True)
+    assert run(["--top", "5"] + args) == 0
+    plan = json.loads((ws / "plan.json").read_text())
+    assert plan["cpu_scaled"] is False
+    for row in plan["kernels"]:
+        assert row["bench_shapes"] == row["shapes"]
+        text = (ws / f"{row['name']}.py").read_text()
+        assert "CPU mode" not in text
+        assert load_module(row["file"]).BENCH_SHAPES == [tuple(s) for s in row["shapes"]]
+
+
+@pytest.mark.parametrize("size, cap, want", [
+    (32, 64, 32),          # fits: unchanged
+    (768, 64, 64),         # a multiple of 16 stays one
+    (50257, 5000, 4993),   # a GPT-2 vocabulary: 1 mod 16, odd
+    (50257, 64, 49),
+    (32000, 4096, 4096),
+    (1023, 128, 127),      # 15 mod 16
+    (12, 2, 2), (25, 2, 1),  # caps under 16 keep the parity
+    (4097, 1, 1),
+])
+def test_shrink_keeps_alignment_and_parity(size, cap, want):
+    assert extract.shrink(size, cap) == want
+
+
+def test_cpu_shapes_stay_within_each_types_own_cpu_shapes():
+    for name, ktype in autokernel.KERNEL_TYPES.items():
+        caps = extract.cpu_caps(ktype)
+        real = [d * 97 + 13 for d in ktype.gpu_shapes["primary"]]  # odd, huge
+        scaled = extract.cpu_shape(ktype, real)
+        assert all(1 <= d <= c for d, c in zip(scaled, caps)), name
+        assert all(d % 2 == r % 2 for d, r in zip(scaled, real)), name
 
 
 def test_top_and_types_filters(setup):
     _, args, ws = setup
-    assert extract.main(["--top", "1", "--types", "softmax,fused_mlp"] + args) == 0
+    assert run(["--top", "1", "--types", "softmax,fused_mlp"] + args) == 0
     plan = json.loads((ws / "plan.json").read_text())
     assert [k["name"] for k in plan["kernels"]] == ["fused_mlp_1"]
 
@@ -93,7 +144,7 @@ def test_top_and_types_filters(setup):
 def test_missing_starter_is_a_one_line_error_for_that_entry(setup, capsys):
     tmp_path, args, ws = setup
     (tmp_path / "kernels" / "fused_mlp.py").unlink()
-    assert extract.main(["--top", "3"] + args) == 1
+    assert run(["--top", "3"] + args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fused_mlp.py is missing" in err[0]
     plan = json.loads((ws / "plan.json").read_text())
@@ -102,13 +153,13 @@ def test_missing_starter_is_a_one_line_error_for_that_entry(setup, capsys):
 
 def test_agent_work_is_not_overwritten_without_force(setup, capsys):
     _, args, ws = setup
-    assert extract.main(["--top", "1"] + args) == 0
-    assert extract.main(["--top", "1"] + args) == 0          # same content: fine
+    assert run(["--top", "1"] + args) == 0
+    assert run(["--top", "1"] + args) == 0          # same content: fine
     (ws / "matmul_1.py").write_text("# the agent's improved kernel\n")
-    assert extract.main(["--top", "1"] + args) == 1
+    assert run(["--top", "1"] + args) == 1
     assert "pass --force" in capsys.readouterr().err
     assert (ws / "matmul_1.py").read_text() == "# the agent's improved kernel\n"
-    assert extract.main(["--top", "1", "--force"] + args) == 0
+    assert run(["--top", "1", "--force"] + args) == 0
     assert "BENCH_SHAPES" in (ws / "matmul_1.py").read_text()
 
 
@@ -119,7 +170,7 @@ def test_agent_work_is_not_overwritten_without_force(setup, capsys):
 ])
 def test_bad_input_one_line_error(setup, capsys, extra, message):
     _, args, _ = setup
-    assert extract.main(args + extra) == 2
+    assert run(args + extra) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
 
@@ -127,10 +178,11 @@ def test_bad_input_one_line_error(setup, capsys, extra, message):
 def test_main_job_from_a_fresh_copy(tmp_path):
     """`uv run profile.py` (no arguments: the default model on a CPU), then
     `uv run extract.py --top 5`, in a copy of the repo with an empty workspace."""
-    for name in ("autokernel.py", "reference.py", "profile.py", "extract.py"):
+    for name in ("reference.py", "profile.py", "extract.py"):
         shutil.copy(autokernel.ROOT / name, tmp_path / name)
-    shutil.copytree(autokernel.ROOT / "models", tmp_path / "models",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("autokernel", "models"):
+        shutil.copytree(autokernel.ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "kernels").mkdir()
     for ktype in autokernel.KERNEL_TYPE_NAMES:  # the real starters when present
         real = autokernel.KERNELS_DIR / f"{ktype}.py"
@@ -155,6 +207,11 @@ def test_main_job_from_a_fresh_copy(tmp_path):
     assert shapes["fused_mlp"] == [[32, 768, 3072]]
     assert [32, 32000, 768] in shapes["matmul"] and shapes["rmsnorm"] == [[32, 768]]
     assert shapes["flash_attention"] == shapes["rotary_embedding"] == [[1, 12, 32, 64]]
+    assert plan["cpu_scaled"] is True
+    bench = {k["kernel_type"]: k["bench_shapes"] for k in plan["kernels"]}
+    assert bench["fused_mlp"] == [[32, 64, 128]] and bench["rmsnorm"] == [[32, 768]]
+    assert bench["flash_attention"] == bench["rotary_embedding"] == [[1, 2, 32, 64]]
     for row in plan["kernels"]:
         text = (tmp_path / row["file"]).read_text()
         assert f"KERNEL_NAME = {row['name']!r}" in text and "BENCH_SHAPES = [" in text
+        assert "CPU mode" in text and "x".join(map(str, row["shapes"][0])) in text

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import autokernel
+from autokernel.contract import load_module
 import reference
 
 KERNELS = ("matmul", "flash_attention", "fused_mlp")
@@ -22,7 +23,7 @@ DTYPES = (torch.float16, torch.float32)
 
 
 def load(name):
-    return autokernel.load_module(autokernel.KERNELS_DIR / f"{name}.py")
+    return load_module(autokernel.KERNELS_DIR / f"{name}.py")
 
 
 def assert_matches(out, ref):
@@ -121,7 +122,8 @@ import sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import autokernel
-fa = autokernel.load_module(autokernel.KERNELS_DIR / "flash_attention.py")
+from autokernel.contract import load_module
+fa = load_module(autokernel.KERNELS_DIR / "flash_attention.py")
 D, dtype = int(sys.argv[1]), getattr(torch, sys.argv[2])
 q_layout, kv_layout = fa._hopper_layouts(D, dtype)
 el = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]

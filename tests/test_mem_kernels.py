@@ -13,12 +13,13 @@ import torch
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 import autokernel
+from autokernel.contract import load_module
 
 MEMORY_KERNELS = ("softmax", "layernorm", "rmsnorm", "cross_entropy", "rotary_embedding", "reduce")
 
 
 def load(name):
-    return autokernel.load_module(autokernel.KERNELS_DIR / f"{name}.py")
+    return load_module(autokernel.KERNELS_DIR / f"{name}.py")
 
 
 def assert_close(name, out, inputs, dtype, label):

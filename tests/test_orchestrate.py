@@ -1,43 +1,49 @@
-"""orchestrate.py on synthetic results.tsv files: reading and rejecting input, the move-on rules,
-the choice of the next kernel, Amdahl's projection, and the git switch in a temp repo."""
+"""orchestrate.py on synthetic results.tsv files: the move-on rules, the choice of the next
+kernel, Amdahl's projection, one-line errors on bad input, and the git switch in a temp repo."""
 import json
 import math
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
-import pandas as pd
 import pytest
 
 import autokernel as ak
 import orchestrate as orc
+from autokernel import night, results, workspace
+from autokernel.cli import UsageError, run_main
 
 T0 = datetime(2025, 1, 1, 22, 0, tzinfo=timezone.utc)
 
 
+def cell(value):
+    """A results.tsv cell as bench.py writes it: empty for a missing number."""
+    return "" if isinstance(value, float) and math.isnan(value) else str(value)
+
+
 def row(experiment, tag, status="keep", latency=100.0, correctness="PASS", minutes=0,
         speedup=math.nan, pct=math.nan, timing_valid=True, kernel_type=None):
-    """One results.tsv row as bench.py writes it (only what orchestrate reads matters)."""
+    """One results.tsv row as read back (strings; only what orchestrate reads matters)."""
     kernel_type = kernel_type or tag.split("_")[0]
     ok = correctness == "PASS"
-    return {"experiment": experiment, "tag": tag, "kernel_type": kernel_type,
-            "throughput_tflops": 1.0 / latency if ok else math.nan,
-            "latency_us": latency if ok else math.nan, "pct_peak": pct if ok else math.nan,
-            "speedup_vs_pytorch": speedup if ok else math.nan, "correctness": correctness,
-            "peak_vram_mb": 1.0, "description": f"exp {experiment}",
-            "bandwidth_gb_s": 1000.0 / latency if ok else math.nan,
-            "speedup_vs_compile": math.nan, "status": status, "commit": "",
-            "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
-            "shape": "64x1024", "dtype": "fp16", "device": "cpu-interpreter",
-            "timing_valid": timing_valid, "reason": "" if ok else "planted"}
-
-
-def frame(rows):
-    return orc._add_derived(pd.DataFrame(rows, columns=ak.RESULTS_COLUMNS))
+    values = {"experiment": experiment, "tag": tag, "kernel_type": kernel_type,
+              "throughput_tflops": 1.0 / latency if ok else math.nan,
+              "latency_us": latency if ok else math.nan, "pct_peak": pct if ok else math.nan,
+              "speedup_vs_pytorch": speedup if ok else math.nan, "correctness": correctness,
+              "peak_vram_mb": 1.0, "description": f"exp {experiment}",
+              "bandwidth_gb_s": 1000.0 / latency if ok else math.nan,
+              "status": status, "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
+              "shape": "64x1024", "dtype": "fp16", "device": "cpu-interpreter",
+              "timing_valid": str(timing_valid).lower(), "reason": "" if ok else "planted"}
+    return {c: cell(values.get(c, "")) for c in results.COLUMNS}
 
 
 def write_tsv(path, rows):
-    pd.DataFrame(rows, columns=ak.RESULTS_COLUMNS).to_csv(path, sep="\t", index=False)
+    """A fresh results.tsv holding rows, written by results.tsv's own writer."""
+    path.unlink(missing_ok=True)
+    for r in rows:
+        results.append_row(r, path)
 
 
 PLAN = {"model": "test", "created": "2025-01-01T21:00:00+00:00", "kernels": [
@@ -55,22 +61,22 @@ PLAN = {"model": "test", "created": "2025-01-01T21:00:00+00:00", "kernels": [
 # ---------------------------------------------------------------------------------------------
 
 def test_amdahl():
-    assert orc.amdahl([(0.5, 2.0)]) == pytest.approx(1 / 0.75)
-    assert orc.amdahl([(0.3, 3.0), (0.2, 1.0)]) == pytest.approx(1 / (0.5 + 0.1 + 0.2))
-    assert orc.amdahl([(0.3, math.inf)]) == pytest.approx(1 / 0.7)
-    assert orc.amdahl([]) == 1.0
+    assert night.amdahl([(0.5, 2.0)]) == pytest.approx(1 / 0.75)
+    assert night.amdahl([(0.3, 3.0), (0.2, 1.0)]) == pytest.approx(1 / (0.5 + 0.1 + 0.2))
+    assert night.amdahl([(0.3, math.inf)]) == pytest.approx(1 / 0.7)
+    assert night.amdahl([]) == 1.0
 
 
 def test_speedup_against_eager_when_valid_else_starter():
-    rows = frame([row(1, "softmax_1", latency=100, speedup=1.5),
-                  row(2, "softmax_1", latency=50, speedup=3.0)])
-    s = orc.kernel_stats(rows)
+    rows = [row(1, "softmax_1", latency=100, speedup=1.5),
+            row(2, "softmax_1", latency=50, speedup=3.0)]
+    s = night.kernel_stats(rows)
     assert (s["speedup_basis"], s["speedup"], s["best_us"]) == ("eager", pytest.approx(3.0), 50)
-    cpu = frame([row(1, "softmax_1", latency=100, speedup=0.01, timing_valid=False),
-                 row(2, "softmax_1", "revert", latency=120, timing_valid=False),
-                 row(3, "softmax_1", "revert", correctness="FAIL", timing_valid=False),
-                 row(4, "softmax_1", latency=40, speedup=0.03, timing_valid=False)])
-    s = orc.kernel_stats(cpu)
+    cpu = [row(1, "softmax_1", latency=100, speedup=0.01, timing_valid=False),
+           row(2, "softmax_1", "revert", latency=120, timing_valid=False),
+           row(3, "softmax_1", "revert", correctness="FAIL", timing_valid=False),
+           row(4, "softmax_1", latency=40, speedup=0.03, timing_valid=False)]
+    s = night.kernel_stats(cpu)
     assert (s["speedup_basis"], s["speedup"]) == ("starter", pytest.approx(2.5))
     assert (s["runs"], s["kept"], s["failed"]) == (4, 2, 1)
 
@@ -79,11 +85,11 @@ def test_best_is_compared_within_the_latest_shape():
     rows = [row(1, "reduce_1", latency=10), row(2, "reduce_1", latency=100),
             row(3, "reduce_1", latency=80)]
     rows[0]["shape"] = "8x8"  # an earlier, smaller benchmark shape: not comparable
-    s = orc.kernel_stats(frame(rows))
+    s = night.kernel_stats(rows)
     assert (s["best_us"], s["baseline_us"]) == (80, 100)
     # a kernel file that did not even parse gets a row without a shape: it changes nothing
     broken = dict(row(4, "reduce_1", "revert", correctness="FAIL"), shape="", dtype="")
-    s = orc.kernel_stats(frame(rows + [broken]))
+    s = night.kernel_stats(rows + [broken])
     assert (s["best_us"], s["baseline_us"], s["failed"]) == (80, 100, 1)
 
 
@@ -93,7 +99,7 @@ def visit(kernel="reduce_1", first_row=0, minutes=0):
 
 
 def reasons(rows, v, minutes, limits=orc.Limits()):
-    p = orc.visit_progress(frame(rows), v, T0 + timedelta(minutes=minutes))
+    p = orc.visit_progress(rows, v, T0 + timedelta(minutes=minutes))
     return orc.move_on_reasons(p, limits)
 
 
@@ -128,24 +134,17 @@ def test_revisit_measures_speedup_from_where_the_visit_began():
 
 def test_choose_next():
     state = {"visits": [visit("reduce_1")]}
-    rows = frame([row(1, "reduce_1")])
+    rows = [row(1, "reduce_1")]
     assert orc.choose_next(PLAN, rows, state, "reduce_1", orc.Limits())[0] == "softmax_1"
     # all visited: the one still taking the most model time (share / speedup), not the one left
     state = {"visits": [visit("reduce_1"), visit("softmax_1", 2)]}
-    rows = frame([row(1, "reduce_1", latency=100), row(2, "reduce_1", latency=10),
-                  row(3, "softmax_1", latency=100)])  # reduce 0.3/10 = 0.03, softmax 0.2/1
+    rows = [row(1, "reduce_1", latency=100), row(2, "reduce_1", latency=10),
+            row(3, "softmax_1", latency=100)]  # reduce 0.3/10 = 0.03, softmax 0.2/1
     assert orc.choose_next(PLAN, rows, state, "reduce_1", orc.Limits())[0] == "softmax_1"
     name, why = orc.choose_next(PLAN, rows, state, "softmax_1", orc.Limits())
     assert name == "reduce_1" and "revisit" in why
-    peaked = frame([row(1, "reduce_1", pct=95.0), row(2, "softmax_1", pct=92.0)])
+    peaked = [row(1, "reduce_1", pct=95.0), row(2, "softmax_1", pct=92.0)]
     assert orc.choose_next(PLAN, peaked, state, "softmax_1", orc.Limits())[0] is None
-
-
-def test_kernel_name_of():
-    assert orc.kernel_name_of('KERNEL_TYPE = "softmax"\n') == "softmax"
-    src = 'KERNEL_TYPE = "softmax"\nKERNEL_NAME = "a"\nKERNEL_NAME = "softmax_1"\n'
-    assert orc.kernel_name_of(src) == "softmax_1"  # the last assignment wins
-    assert orc.kernel_name_of("def broken(:\n") is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,58 +152,28 @@ def test_kernel_name_of():
 # ---------------------------------------------------------------------------------------------
 
 def one_line_error(fn, *args, **kwargs):
-    with pytest.raises(orc.OrchestrateError) as info:
+    with pytest.raises(UsageError) as info:
         fn(*args, **kwargs)
     message = str(info.value)
     assert "\n" not in message and message
     return message
 
 
-def test_bad_results_files(tmp_path):
-    path = tmp_path / "results.tsv"
-    assert orc.read_results(path).empty  # no experiments yet
-    assert "not found" in one_line_error(orc.read_results, path, must_exist=True)
-    path.write_text("")
-    assert "empty" in one_line_error(orc.read_results, path)
-    path.write_text("\t".join(ak.RESULTS_COLUMNS) + "\n")
-    assert orc.read_results(path).empty
-    write_tsv(path, [row(1, "reduce_1"), row(2, "reduce_1")])
-    with open(path, "a") as f:
-        f.write("3\treduce_1\treduce\t" + "\t".join(["x"] * 30) + "\n")
-    assert "malformed" in one_line_error(orc.read_results, path)
-    path.write_text("what\tever\n1\t2\n")
-    assert "missing column" in one_line_error(orc.read_results, path)
-    write_tsv(path, [dict(row(1, "reduce_1"), correctness="MAYBE")])
-    assert "correctness 'MAYBE'" in one_line_error(orc.read_results, path)
-    path.write_bytes(b"\xff\xfe\x00garbage")
-    assert "malformed" in one_line_error(orc.read_results, path)
-
-
-def test_seed_format_without_status(tmp_path):
-    path = tmp_path / "results.tsv"
-    rows = [row(1, "softmax_1", latency=100), row(2, "softmax_1", latency=120),
-            row(3, "softmax_1", correctness="FAIL"), row(4, "softmax_1", latency=60)]
-    pd.DataFrame(rows)[ak.SEED_COLUMNS].to_csv(path, sep="\t", index=False)
-    df = orc.read_results(path)
-    assert list(df.kept) == [True, False, False, True]
-    assert orc.kernel_stats(df)["best_us"] == 60
-
-
 def test_bad_plans(tmp_path):
     path = tmp_path / "plan.json"
-    assert "extract.py" in one_line_error(orc.read_plan, path)
+    assert "extract.py" in one_line_error(workspace.read_plan, path)
     path.write_text("{not json")
-    assert "not valid JSON" in one_line_error(orc.read_plan, path)
+    assert "not valid JSON" in one_line_error(workspace.read_plan, path)
     path.write_text(json.dumps({"kernels": []}))
-    assert "no kernels" in one_line_error(orc.read_plan, path)
+    assert "no kernels" in one_line_error(workspace.read_plan, path)
     bad = json.loads(json.dumps(PLAN))
     bad["kernels"][0]["kernel_type"] = "conv9d"
     path.write_text(json.dumps(bad))
-    assert "unknown type" in one_line_error(orc.read_plan, path)
+    assert "unknown type" in one_line_error(workspace.read_plan, path)
     bad = json.loads(json.dumps(PLAN))
     bad["kernels"][1]["share"] = 0.9
     path.write_text(json.dumps(bad))
-    assert "more than 1" in one_line_error(orc.read_plan, path)
+    assert "more than 1" in one_line_error(workspace.read_plan, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,12 +211,7 @@ def repo(tmp_path, monkeypatch):
 
 
 def run_cli(capsys, *argv, code=0):
-    if code:
-        with pytest.raises(SystemExit) as info:
-            orc.main(list(argv))
-        assert info.value.code == code
-    else:
-        orc.main(list(argv))
+    assert run_main("orchestrate.py", orc.main, list(argv)) == code
     out, err = capsys.readouterr()
     return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line), out, err
 
@@ -276,9 +240,13 @@ def test_next_installs_stays_and_moves_on(repo, capsys):
         bench(repo, rows, "reduce_1", "revert", 120)
         out, _, _ = run_cli(capsys, "next", *now)
         assert out["action"] == "stay" and f"{i + 1} of 5 consecutive reverts" in out["reason"]
+    # an edit only `bench.py --quick` has seen: stay (a switch would lose it), exit 0
     (repo / "kernel.py").write_text("edited but not benched\n")
-    _, _, err = run_cli(capsys, "next", *now, code=2)
-    assert err.count("\n") == 1 and "run `uv run bench.py` first" in err
+    out, _, _ = run_cli(capsys, "next", *now)
+    assert (out["action"], out["kernel"]) == ("stay", "reduce_1")
+    assert "no full bench.py run has judged" in out["reason"] and "uv run bench.py" in \
+        out["reason"]
+    assert (repo / "kernel.py").read_text() == "edited but not benched\n"
     git(repo, "checkout", "-q", "--", "kernel.py")  # what bench.py's revert would do
     best = git(repo, "show", "HEAD:kernel.py")
     bench(repo, rows, "reduce_1", "revert", correctness="CRASH")
@@ -332,6 +300,12 @@ def test_state_is_rebuilt_when_missing_corrupt_or_stale(repo, capsys):
     git(repo, "commit", "-qam", "by hand")
     _, text, err = run_cli(capsys, "status", *now)
     assert "stale" in err and "current: reduce_1" in text
+    # a new plan.json (extract.py ran again) is a new night, not a corrupt file
+    plan = dict(PLAN, created="2025-01-02T21:00:00+00:00")
+    (repo / "workspace/plan.json").write_text(json.dumps(plan))
+    _, text, err = run_cli(capsys, "status", *now)
+    assert "corrupt" not in err and "plan.json was rewritten" in err
+    assert json.loads(state_path.read_text())["plan_created"] == plan["created"]
     # `install` refuses unknown names, in one line
     _, _, err = run_cli(capsys, "install", "nope", *now, code=2)
     assert "no kernel 'nope'" in err and err.count("\n") == 1
@@ -348,11 +322,41 @@ def test_status_projection(repo, capsys):
     assert "2.00x starter" in text and "not meaningful" in text
 
 
+def test_results_in_another_format_are_refused_in_one_line(repo, capsys):
+    (repo / "results.tsv").write_text("\t".join(results.SEED_COLUMNS) + "\n"
+                                      + "\t".join(["1", "reduce_1"] + ["x"] * 8) + "\n")
+    _, _, err = run_cli(capsys, "status", "--now", T0.isoformat(), code=2)
+    assert err.count("\n") == 1 and "results.tsv is malformed" in err
+    write_tsv(repo / "results.tsv", [dict(row(1, "reduce_1"), correctness="MAYBE")])
+    _, _, err = run_cli(capsys, "next", "--now", T0.isoformat(), code=2)
+    assert err.count("\n") == 1 and "'MAYBE'" in err
+
+
 def test_cli_errors_are_one_line(tmp_path):
     """The real CLI, as the agent runs it, from a copy without plan.json."""
-    for script in ("orchestrate.py", "autokernel.py", "reference.py"):
+    for script in ("orchestrate.py", "reference.py"):
         (tmp_path / script).write_text((ak.ROOT / script).read_text())
+    shutil.copytree(ak.ROOT / "autokernel", tmp_path / "autokernel",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run([sys.executable, "orchestrate.py", "next"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "plan.json not found" in proc.stderr
+
+
+def test_a_fresh_plan_and_the_first_next_print_no_note(repo, capsys):
+    """extract.py run twice before the first `next` (or after an earlier night's visits with no
+    rows): the state is simply started over, without a note."""
+    (repo / "workspace/orchestrate.json").write_text(json.dumps(
+        {"version": 1, "plan_created": "2024-12-31T21:00:00+00:00",
+         "visits": [{"kernel": "reduce_1", "start": T0.isoformat(), "first_row": 0,
+                     "left": None}]}))
+    out, _, err = run_cli(capsys, "next", "--now", T0.isoformat())
+    assert err == "" and (out["action"], out["kernel"]) == ("switch", "reduce_1")
+
+
+def test_first_next_refuses_to_overwrite_an_edit(repo, capsys):
+    (repo / "kernel.py").write_text("someone's edit\n")
+    _, _, err = run_cli(capsys, "next", "--now", T0.isoformat(), code=2)
+    assert err.count("\n") == 1 and "kernel.py has uncommitted edits" in err
+    assert (repo / "kernel.py").read_text() == "someone's edit\n"

@@ -1,13 +1,18 @@
-"""The overnight run, end to end on a CPU: a scripted agent plays 20 experiments on two kernels
-through the real CLIs, using only commands that program.md gives, then we check results.tsv, the
-git log (one commit per kept experiment), the orchestrator moving on by its rules, and
-progress.png.
+"""The overnight run, end to end on a CPU, through the real CLIs: a scripted agent that uses only
+commands program.md gives profiles a two-op model, extracts its kernels, and plays ten
+experiments on each (slow, faster, slower, wrong, syntax error, crashing, hanging, torch doing
+the math, a cached output, a forged results.tsv) with a switch between them; then the morning:
+status, analysis and verify. Checked: every attempt has its row, one commit per keep, the
+orchestrator's moves, each kernel's workspace file is its last kept version, verify re-gated
+exactly those versions, and analysis prints results.tsv's numbers.
 
 The "agent" runs `uv run X.py ...` as `sys.executable X.py ...`: the same interpreter and venv
 (`uv run` inside the temp copy would build a second venv). The clock the orchestrator sees is
-injected through AUTOKERNEL_NOW. Interpreter timings are noisy, so good edits are ~5x faster
-(several rows per program instead of one program per row: the interpreter pays per program),
-slower edits launch the kernel twice, and every bench run uses a generous --margin.
+injected through AUTOKERNEL_NOW. Interpreter timings are noisy, so every timed verdict is
+certain: each kernel's first version is the starter with a 0.3 s pause per call at the timed
+shape (kept: the first correct version), the "faster" edit removes the pause (kept), the
+"slower" one puts it back (reverted). A pause at that shape alone, not repeated work everywhere,
+so the five stages stay cheap.
 """
 import json
 import os
@@ -19,142 +24,91 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import matplotlib.image
-import pandas as pd
 
 import autokernel as ak
+from autokernel.results import read_rows
 
 REPO = ak.ROOT
 T0 = datetime(2025, 1, 1, 22, 0, tzinfo=timezone.utc)
-MARGIN = "0.3"
 
-REDUCE = '''"""Sum over the last dim, ROWS rows per program (the overnight test's reduce kernel)."""
+# A model with two ops the gate judges quickly on a CPU: an RMSNorm (most of the time) and a
+# last-dim sum. KernelBench's format: get_inputs() fixes the shape.
+MODEL = '''"""Two ops: RMSNorm, then a sum over the last dim (the overnight test's model)."""
 import torch
-import triton
-import triton.language as tl
-
-KERNEL_TYPE = "reduce"
-BACKEND = "triton"
-ROWS = 4  # rows per program: a power of two
+import torch.nn.functional as F
 
 
-@triton.jit
-def sum_rows(x_ptr, y_ptr, M, N, stride, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    safe_rows = tl.minimum(rows, M - 1).to(tl.int64)  # rows past M re-read the last one
-    cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for start in range(0, N, BLOCK_N):
-        mask = (start + cols[None, :]) < N
-        x = tl.load(x_ptr + safe_rows[:, None] * stride + start + cols[None, :], mask=mask,
-                    other=0.0)
-        acc += x.to(tl.float32)
-    total = tl.sum(acc, axis=1)
-    tl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=rows < M)
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(200) + 0.5)
+
+    def forward(self, x):
+        h = F.rms_norm(x, (x.shape[-1],), self.weight, 1e-6)
+        return torch.sum(h, dim=-1)
 
 
-def kernel_fn(x):
-    M, N = x.shape
-    y = torch.empty((M,), dtype=x.dtype, device=x.device)
-    block_n = min(triton.next_power_of_2(N), 2048)
-    sum_rows[(triton.cdiv(M, ROWS),)](x, y, M, N, x.stride(0), ROWS=ROWS, BLOCK_N=block_n)
-    return y
+def get_inputs():
+    return [torch.randn(40, 200)]
+
+
+def get_init_inputs():
+    return []
 '''
 
-SOFTMAX = '''"""Softmax over the last dim, ROWS whole rows per program (the overnight test's softmax)."""
-import torch
-import triton
-import triton.language as tl
 
-KERNEL_TYPE = "softmax"
-BACKEND = "triton"
-ROWS = 4  # rows per program: a power of two
+def wrapped(body, prelude=""):
+    """kernel_fn replaced by one that runs `body` around the original (`_original`)."""
+    return lambda k, s, starter: (prelude + s + "\n\n_original = kernel_fn\n\n\n"
+                                  "def kernel_fn(*args, **kwargs):\n" + body)
 
 
-@triton.jit
-def softmax_rows(x_ptr, y_ptr, M, N, stride_x, stride_y, ROWS: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    safe_rows = tl.minimum(rows, M - 1).to(tl.int64)  # rows past M re-read the last one
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols[None, :] < N
-    x = tl.load(x_ptr + safe_rows[:, None] * stride_x + cols[None, :], mask=mask,
-                other=-float("inf")).to(tl.float32)
-    z = x - tl.max(x, axis=1)[:, None]
-    e = tl.exp(z)
-    y = e / tl.sum(e, axis=1)[:, None]
-    out = y_ptr + safe_rows[:, None] * stride_y + cols[None, :]
-    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask & (rows[:, None] < M))
+PAUSED = wrapped("    first = (list(args) + list(kwargs.values()))[0]\n"
+                 "    if tuple(first.shape) == tuple(BENCH_SHAPES[0]) and first.dtype == "
+                 "torch.float32:\n"  # the timed shape and dtype
+                 "        time.sleep(0.5)  # surely slower, whatever the interpreter's noise\n"
+                 "    return _original(*args, **kwargs)\n", "import time\n")
+WRONG_MATH = {"reduce": ("total = tl.sum(acc, axis=1)", "total = tl.max(acc, axis=1)"),
+              "rmsnorm": ("y = x * rstd[:, None] * w[None, :]", "y = x * rstd[:, None]")}
 
-
-def kernel_fn(x):
-    M, N = x.shape
-    y = torch.empty_like(x)
-    block_n = triton.next_power_of_2(N)
-    rows = max(1, min(ROWS, 16384 // block_n))  # a tile stays under Triton's numel limit
-    softmax_rows[(triton.cdiv(M, rows),)](x, y, M, N, x.stride(0), y.stride(0), ROWS=rows,
-                                          BLOCK_N=block_n)
-    return y
-'''
-
-# What extract.py would append: the model's shapes and the name results.tsv tags rows with.
-KERNELS = {"reduce_1": REDUCE, "softmax_1": SOFTMAX}
-SHARES = {"reduce_1": 0.30, "softmax_1": 0.20}
-
-
-def extracted(name, source):
-    return source + f'\nKERNEL_NAME = "{name}"\nBENCH_SHAPES = [(64, 256)]\nBENCH_DTYPE = "fp16"\n'
-
-
-def slower(src):
-    """A redundant second launch: the same result in twice the time."""
-    src = src.replace("def kernel_fn(x):", "def kernel_fn_once(x):")
-    return src + ("\n\ndef kernel_fn(x):\n    for _ in range(2):\n"
-                  "        y = kernel_fn_once(x)\n    return y\n")
-
-
-WRONG_MATH = {"reduce_1": ("total = tl.sum(acc, axis=1)", "total = tl.max(acc, axis=1)"),
-              "softmax_1": ("y = e / tl.sum(e, axis=1)[:, None]", "y = e")}
-TORCH_OP = {"reduce_1": "return x.sum(dim=-1)", "softmax_1": "return torch.softmax(x, dim=-1)"}
-
-EDITS = {  # name -> (description for -m, edit(kernel name, source) -> source)
-    "good": ("32 rows per program: fewer programs",
-             lambda k, s: re.sub(r"^ROWS = \d+", "ROWS = 32", s, count=1, flags=re.M)),
-    "wrong": ("drop a term (wrong math)", lambda k, s: s.replace(*WRONG_MATH[k])),
-    "syntax": ("typo", lambda k, s: s.replace("def kernel_fn(x):", "def kernel_fn(x:")),
-    "slower": ("launch twice", lambda k, s: slower(s)),
-    "hang": ("spin", lambda k, s: s.replace("def kernel_fn(x):",
-                                            "def kernel_fn(x):\n    while True:\n        pass")),
-    "torch": ("let torch do it", lambda k, s: s.replace(
-        "def kernel_fn(x):", f"def kernel_fn(x):\n    {TORCH_OP[k]}")),
+EDITS = {  # name -> (description for -m, edit(kernel type, source, starter) -> source)
+    "paused": ("first version: the starter with a pause per call", PAUSED),
+    "faster": ("drop the pause", lambda k, s, starter: starter),
+    "slower": ("add a pause back", PAUSED),
+    "wrong": ("drop a term (wrong math)", lambda k, s, starter: s.replace(*WRONG_MATH[k])),
+    "syntax": ("typo", lambda k, s, starter: s + "\ndef kernel_fn(:\n"),
+    "crash": ("abort", wrapped("    import os\n    os.abort()\n")),
+    "hang": ("spin", wrapped("    while True:\n        pass\n")),
+    "torch": ("let torch do it", wrapped(
+        "    import reference\n    return getattr(reference, KERNEL_TYPE)(*args, **kwargs)\n")),
+    "cached": ("cache the output", wrapped(
+        "    if not _cache:\n        _cache.append(_original(*args, **kwargs))\n"
+        "    return _cache[0]\n", "_cache = []\n")),
+    "forge": ("forge a kept row", lambda k, s, starter: s + (
+        "\nwith open('results.tsv', 'a') as _f:\n"
+        "    _f.write('999\\tforged\\n')\n")),
 }
 
-# (kernel in kernel.py, edit or None for the baseline, correctness, status, what `next` says).
-# program.md has the agent ask `next` after every run; a `stay` changes nothing, and each call
-# costs a torch import (~4 s of CPU), so the test asks where a rule is about to fire or fires
-# (None: not asked).
-SCRIPT = [
-    ("reduce_1", None, "PASS", "keep", None),                # visit 1: first in plan order
-    ("reduce_1", "wrong", "FAIL", "revert", None),
-    ("reduce_1", "syntax", "FAIL", "revert", None),
-    ("reduce_1", "slower", "PASS", "revert", None),
-    ("reduce_1", "hang", "TIMEOUT", "revert", "stay"),       # 4 consecutive reverts
-    ("reduce_1", "torch", "FAIL", "revert", "switch"),       # 5 consecutive reverts
-    ("softmax_1", None, "PASS", "keep", None),               # visit 2
-    ("softmax_1", "wrong", "FAIL", "revert", None),
-    ("softmax_1", "slower", "PASS", "revert", "stay"),
-    ("softmax_1", "good", "PASS", "keep", "switch"),         # 2x this visit
-    ("reduce_1", "slower", "PASS", "revert", None),          # visit 3: revisit
-    ("reduce_1", "good", "PASS", "keep", "switch"),          # 2x over the visit's start
-    ("softmax_1", "wrong", "FAIL", "revert", None),          # visit 4
-    ("softmax_1", "syntax", "FAIL", "revert", "switch"),     # 2 h on it (the clock jumps)
-    ("reduce_1", "wrong", "FAIL", "revert", None),           # visit 5
-    ("reduce_1", "syntax", "FAIL", "revert", None),
-    ("reduce_1", "torch", "FAIL", "revert", None),
-    ("reduce_1", "wrong", "FAIL", "revert", "stay"),         # 4 consecutive reverts
-    ("reduce_1", "syntax", "FAIL", "revert", "switch"),      # 5 consecutive reverts
-    ("softmax_1", "wrong", "FAIL", "revert", None),          # visit 6
+# The two visits: (edit or None for the kernel as installed, correctness, status, a fragment of
+# the reason or keep rule). program.md has the agent ask `next` after every full run; a `stay`
+# changes nothing and each call costs a torch import, so the agent asks at the end of a visit.
+FIRST_VISIT = [
+    ("paused", "PASS", "keep", "first correct version"),
+    ("faster", "PASS", "keep", "faster than the kept version"),
+    ("slower", "PASS", "revert", "against the kept version"),
+    ("wrong", "FAIL", "revert", "smoke"),
+    ("syntax", "FAIL", "revert", "syntax error"),
+    ("crash", "CRASH", "revert", "SIGABRT"),
+    ("hang", "TIMEOUT", "revert", "wall-clock limit"),
+    ("torch", "FAIL", "revert", "torch"),
+    ("forge", "FAIL", "revert", "changed results.tsv"),
 ]
-CLOCK_JUMP_AT = 14  # experiment after which the agent "spent" two more hours
+SECOND_VISIT = [
+    (None, "PASS", "keep", "first correct version"),  # the baseline, as program.md says
+    ("slower", "PASS", "revert", "against the kept version"),
+    ("cached", "FAIL", "revert", ""),
+    ("wrong", "FAIL", "revert", "smoke"),
+]
 
 
 def documented_commands():
@@ -173,32 +127,34 @@ class Agent:
         argv = shlex.split(command)
         assert argv[:2] == ["uv", "run"], command
         script, flags = argv[2], [a for a in argv[3:] if a.startswith("-")]
-        uses = [c for c in self.documented if c.split()[2] == script]
-        assert uses, f"program.md gives no `uv run {script}`"
+        assert any(c.split()[2] == script for c in self.documented), \
+            f"program.md gives no `uv run {script}`"
         for flag in flags:
-            assert f"`{flag}" in self.program or any(flag in c.split() for c in uses), \
-                f"program.md never mentions {script} {flag}"
+            assert flag in self.program, f"program.md never mentions {script} {flag}"
         # CPU mode even on a GPU box: the script's expectations are the interpreter's.
         env = {**os.environ, "AUTOKERNEL_NOW": self.clock.isoformat(), "CUDA_VISIBLE_DEVICES": ""}
         started = time.monotonic()
         proc = subprocess.run([sys.executable, *argv[2:]], cwd=self.repo, env=env,
                               capture_output=True, text=True, timeout=timeout)
         self.log.append((command, proc.returncode, round(time.monotonic() - started, 1)))
+        print(f"{self.log[-1][2]:6.1f}s rc={proc.returncode} {command}", flush=True)
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert "corrupt" not in proc.stderr, proc.stderr
         lines = [line for line in proc.stdout.splitlines() if ": " in line]
         return proc, dict(line.split(": ", 1) for line in lines)
 
+    def ok(self, command):
+        proc, out = self.run(command)
+        assert proc.returncode == 0, f"{command}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        return proc, out
+
     def bench(self, description, *extra):
-        proc, out = self.run(f"uv run bench.py --margin {MARGIN} {' '.join(extra)} "
-                             f"-m {shlex.quote(description)}")
-        assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("verdict: "), \
-            proc.stdout[-2000:] + proc.stderr[-2000:]
+        proc, out = self.ok(f"uv run bench.py {' '.join(extra)} -m {shlex.quote(description)}")
+        assert proc.stdout.splitlines()[-1].startswith("verdict: "), proc.stdout[-2000:]
         return out
 
     def next(self):
-        proc, out = self.run("uv run orchestrate.py next")
-        assert proc.returncode == 0, proc.stderr
-        return out
+        return self.ok("uv run orchestrate.py next")[1]
 
 
 def git(repo, *args):
@@ -207,7 +163,8 @@ def git(repo, *args):
 
 
 def make_repo(tmp_path):
-    """A copy of the working tree (tracked and untracked-but-not-ignored files), committed."""
+    """A copy of the working tree (tracked and untracked-but-not-ignored files), committed on
+    the night's branch, with the test's model beside it."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout
     for name in filter(None, files.split("\0")):
@@ -215,107 +172,127 @@ def make_repo(tmp_path):
         if src.is_file() and not name.startswith(("tests/", "scratch/")):
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / name).write_bytes(src.read_bytes())
+    (tmp_path / "night_model.py").write_text(MODEL)
     git(tmp_path, "init", "-q")
     git(tmp_path, "symbolic-ref", "HEAD", "refs/heads/autokernel/20250101-test")  # setup's branch
     git(tmp_path, "config", "user.email", "agent@example.com")
     git(tmp_path, "config", "user.name", "agent")
     git(tmp_path, "add", "-A")
     git(tmp_path, "commit", "-q", "-m", "harness")
-    # What profile.py + extract.py would leave: starters with the model's shapes, and the plan.
-    (tmp_path / "workspace").mkdir(exist_ok=True)
-    plan = {"model": "test", "created": T0.isoformat(), "kernels": []}
-    for name, source in KERNELS.items():
-        (tmp_path / f"workspace/{name}.py").write_text(extracted(name, source))
-        kernel_type = name.split("_")[0]
-        plan["kernels"].append({
-            "name": name, "kernel_type": kernel_type, "file": f"workspace/{name}.py",
-            "shapes": [[64, 256]], "dtype": "fp16", "share": SHARES[name], "time_us": 100.0,
-            "amdahl_ceiling": 1 / (1 - SHARES[name]), "bound": "memory"})
-    (tmp_path / "workspace/plan.json").write_text(json.dumps(plan, indent=2))
     return tmp_path
+
+
+def play_visit(agent, repo, kernel, starter, visit, number):
+    """The experiments of `visit` on the kernel in kernel.py; returns the next number."""
+    ktype = re.search(r'^KERNEL_TYPE = "(\w+)"', starter, re.M).group(1)
+    for edit, correctness, status, reason in visit:
+        source = (repo / "kernel.py").read_text()
+        assert f"KERNEL_NAME = {kernel!r}" in source, f"experiment {number}: wrong kernel.py"
+        description, change = EDITS[edit] if edit else (f"baseline: {kernel}", None)
+        edited = change(ktype, source, starter) if change else source
+        assert change is None or edited != source, f"experiment {number}: {edit} changed nothing"
+        (repo / "kernel.py").write_text(edited)
+        verdict = agent.bench(description, *(["--timeout", "10"] if edit == "hang" else []))
+        assert (verdict["correctness"], verdict["status"]) == (correctness, status), \
+            f"experiment {number} ({edit}): {verdict}"
+        assert reason in verdict.get("reason", "") + verdict.get("keep_rule", ""), verdict
+        if status == "revert":
+            assert (repo / "kernel.py").read_text() == source  # bench.py restored the best
+        else:
+            assert (repo / f"workspace/{kernel}.py").read_text() == edited  # file of record
+        agent.clock += timedelta(minutes=5)
+        number += 1
+    return number
 
 
 def test_overnight(tmp_path):
     repo = make_repo(tmp_path)
     agent = Agent(repo)
-    out = agent.next()  # setup: install the first kernel
-    assert (out["action"], out["kernel"]) == ("switch", "reduce_1")
-    reasons = []
-    for number, (kernel, edit, correctness, status, action) in enumerate(SCRIPT, start=1):
-        source = (repo / "kernel.py").read_text()
-        assert f'KERNEL_NAME = "{kernel}"' in source, f"experiment {number}: wrong kernel.py"
-        if edit is None:  # a kernel without rows yet: its baseline, as program.md says
-            verdict = agent.bench(f"baseline: {kernel}")
-        else:
-            description, change = EDITS[edit]
-            edited = change(kernel, source)
-            assert edited != source, f"experiment {number}: edit {edit} changed nothing"
-            (repo / "kernel.py").write_text(edited)
-            extra = ["--timeout", "4"] if edit == "hang" else []
-            verdict = agent.bench(description, *extra)
-        assert (verdict["correctness"], verdict["status"]) == (correctness, status), \
-            f"experiment {number} ({edit}): {verdict}"
-        if status == "revert":
-            assert (repo / "kernel.py").read_text() == source  # bench.py restored the best
-        agent.clock += timedelta(minutes=5)
-        if number == CLOCK_JUMP_AT:
-            agent.clock += timedelta(hours=2)
-        if action:
-            out = agent.next()
-            assert out["action"] == action, f"after experiment {number}: {out}"
-            reasons.append(out["reason"])
-    timings = "\n".join(f"{s:6.1f}s rc={rc} {c}" for c, rc, s in agent.log)
+    agent.ok("uv run profile.py --model night_model.py")
+    agent.ok("uv run extract.py --top 5")
+    plan = json.loads((repo / "workspace/plan.json").read_text())
+    names = [k["name"] for k in plan["kernels"]]
+    assert sorted(k["kernel_type"] for k in plan["kernels"]) == ["reduce", "rmsnorm"]
+    starters = {n: (repo / f"workspace/{n}.py").read_text() for n in names}
 
-    # results.tsv: one row per experiment, as scripted
-    rows = pd.read_csv(repo / "results.tsv", sep="\t", dtype=str, keep_default_na=False)
-    assert list(rows.columns) == ak.RESULTS_COLUMNS
-    assert list(rows.experiment.astype(int)) == list(range(1, len(SCRIPT) + 1))
-    assert list(rows.tag) == [s[0] for s in SCRIPT]
-    assert list(rows.correctness) == [s[2] for s in SCRIPT]
-    assert list(rows.status) == [s[3] for s in SCRIPT]
-    assert "syntax error" in rows.reason[2] and "torch" in rows.reason[5]
-    assert "wall-clock limit" in rows.reason[4]
+    out = agent.next()
+    assert (out["action"], out["kernel"]) == ("switch", names[0])
+    number = play_visit(agent, repo, names[0], starters[names[0]], FIRST_VISIT, 1)
+    out = agent.next()
+    assert (out["action"], out["kernel"]) == ("switch", names[1])
+    assert "7 consecutive reverts" in out["reason"] and "this visit" in out["reason"]
+    play_visit(agent, repo, names[1], starters[names[1]], SECOND_VISIT, number)
+    out = agent.next()  # every kernel visited: back to the first, from its best
+    assert (out["action"], out["kernel"]) == ("switch", names[0]) and "revisit" in out["next"]
+    assert (repo / "kernel.py").read_text() == starters[names[0]]
 
-    # git: exactly one "bench: keep" commit per kept experiment that changed kernel.py; the
-    # baselines are kept as the orchestrator's switch commit that already holds them.
-    subjects = {line.split(" ", 1)[0]: line.split(" ", 1)[1]
-                for line in git(repo, "log", "--format=%h %s").splitlines()}
-    kept = rows[rows.status == "keep"]
-    baselines = kept[kept.description.str.startswith("baseline")]
-    for commit, description in zip(kept.commit, kept.description):
-        subject = next(s for h, s in subjects.items() if commit.startswith(h) or
-                       h.startswith(commit))
-        expected = "orchestrate: switch to" if description.startswith("baseline") else \
-            "bench: keep"
-        assert subject.startswith(expected), (description, subject)
-    bench_commits = [s for s in subjects.values() if s.startswith("bench: keep")]
-    assert len(bench_commits) == len(kept) - len(baselines) == 2
-    switches = [s for s in subjects.values() if s.startswith("orchestrate: switch to")]
-    assert len(switches) == 1 + sum(s[4] == "switch" for s in SCRIPT)
+    # results.tsv: one row per attempt, as scripted
+    rows = read_rows(repo / "results.tsv")  # refuses a file whose header is not bench.py's
+    script = [(names[0], *step) for step in FIRST_VISIT] + \
+        [(names[1], *step) for step in SECOND_VISIT]
+    assert [int(r["experiment"]) for r in rows] == list(range(1, len(script) + 1))
+    assert [(r["tag"], r["correctness"], r["status"]) for r in rows] == \
+        [(n, c, s) for n, _, c, s, _ in script]
+    assert all(r["description"].startswith(EDITS[e][0] if e else "baseline")
+               for r, (_, e, *_) in zip(rows, script))
+
+    # git: one commit per keep: "bench: keep" for an edit, the switch commit for a baseline
+    # (it already holds the installed kernel); each holds that row's file
+    kept = [r for r in rows if r["status"] == "keep"]
+    subjects = dict(line.split(" ", 1) for line in
+                    git(repo, "log", "--format=%h %s").splitlines())
+    bench_commits = {h: s for h, s in subjects.items() if s.startswith("bench: keep")}
+    assert len(bench_commits) == len(kept) - 1 == 2
+    for r in kept:
+        subject = next(s for h, s in subjects.items() if h.startswith(r["commit"])
+                       or r["commit"].startswith(h))
+        expected = f"orchestrate: switch to {r['tag']}" if r["description"].startswith(
+            "baseline") else f"bench: keep {r['tag']} exp {r['experiment']}"
+        assert subject.startswith(expected), (r["description"], subject)
+    assert sum(s.startswith("orchestrate: switch to") for s in subjects.values()) == 3
     assert git(repo, "status", "--porcelain") == ""
 
-    # the orchestrator moved on by rule, and kept each kernel's best in its workspace file
-    rules = [r for r, s in zip(reasons, [s for s in SCRIPT if s[4]]) if s[4] == "switch"]
-    assert all("no move-on rule met" in r for r, s in zip(reasons, [s for s in SCRIPT if s[4]])
-               if s[4] == "stay")
-    assert "4 of 5 consecutive reverts" in reasons[0]
-    assert "5 consecutive reverts" in rules[0] and "this visit" in rules[1]
-    assert "this visit" in rules[2] and "h on it" in rules[3]
-    assert "5 consecutive reverts" in rules[4]
-    for name in KERNELS:
-        assert "ROWS = 32" in (repo / f"workspace/{name}.py").read_text()
-    state = json.loads((repo / "workspace/orchestrate.json").read_text())
-    assert [v["kernel"] for v in state["visits"]] == \
-        ["reduce_1", "softmax_1", "reduce_1", "softmax_1", "reduce_1", "softmax_1"]
+    # each kernel's file of record is its last kept version: the starter, pause dropped
+    last_kept = {n: [r for r in kept if r["tag"] == n][-1] for n in names}
+    for n in names:
+        assert (repo / f"workspace/{n}.py").read_text() == starters[n]
+        assert git(repo, "show", f"{last_kept[n]['commit']}:kernel.py") == starters[n]
 
-    # the morning: status and progress.png
-    proc, _ = agent.run("uv run orchestrate.py status")
-    assert proc.returncode == 0 and "projected model speedup" in proc.stdout
-    proc, _ = agent.run("uv run analysis.py")
-    assert proc.returncode == 0, proc.stderr
-    image = matplotlib.image.imread(repo / "progress.png")
+    # the morning
+    check_analysis(agent, rows, names)
+    proc, _ = agent.run("uv run verify.py --no-timing")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((repo / "workspace/verify.json").read_text())
+    assert report["passed"]
+    assert {k["name"]: k["status"] for k in report["kernels"]} == {n: "ok" for n in names}
+    for n in names:
+        entry = next(v for k, v in report["regate"].items() if k.endswith(f"workspace/{n}.py"))
+        assert entry["passed"] and entry["version_ok"], entry
+        assert f"experiment {last_kept[n]['experiment']}, commit {last_kept[n]['commit']}" \
+            in entry["version"] and "older keep" not in entry["version"], entry
+    print(f"{sum(s for _, _, s in agent.log):.0f} s in {len(agent.log)} commands")
+
+
+def check_analysis(agent, rows, names):
+    """analysis.py's table and --last agree with results.tsv, counted here independently."""
+    proc, _ = agent.ok("uv run analysis.py")
+    lines = proc.stdout.splitlines()
+    header = lines[0].split()[:7]  # kernel type share runs kept failed best_us: one word each
+    assert header == ["kernel", "type", "share", "runs", "kept", "failed", "best_us"], lines[0]
+    for n in names:
+        line = next(t for t in lines if t.split()[:1] == [n])
+        printed = dict(zip(header, line.split()))
+        mine = [r for r in rows if r["tag"] == n]
+        kept = [float(r["latency_us"]) for r in mine if r["status"] == "keep"]
+        first = next(float(r["latency_us"]) for r in mine if r["correctness"] == "PASS")
+        assert int(printed["runs"]) == len(mine)
+        assert int(printed["kept"]) == len(kept)
+        assert int(printed["failed"]) == sum(r["correctness"] != "PASS" for r in mine)
+        assert printed["best_us"] == f"{min(kept):.1f}"
+        assert f" {first / min(kept):.2f}x starter" in line, line
+    assert "projected model speedup" in proc.stdout
+    image = matplotlib.image.imread(agent.repo / "progress.png")
     assert image.shape[0] > 200 and image.shape[1] > 800
-    print(timings)
 
 
 def test_program_md_names_real_scripts_and_flags():

@@ -1,5 +1,5 @@
-"""prepare.py on a CPU: the spec table, the cache (round trip, another device, corruption), the
-CLI, nvidia-smi parsing, and the stdlib `profile` shadowing hazard."""
+"""prepare.py and autokernel.baselines on a CPU: the spec table, the cache (round trip, another
+device, corruption), the CLI, and nvidia-smi parsing."""
 import json
 import os
 import shutil
@@ -12,16 +12,18 @@ import pytest
 
 import autokernel
 import prepare
+from autokernel import baselines
+from autokernel.gpus import gpu_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE_FILES = ("autokernel.py", "reference.py", "prepare.py")
+CORE_FILES = ("reference.py", "prepare.py")
 
 
 @pytest.fixture
 def cache_path(tmp_path, monkeypatch):
     path = tmp_path / "workspace" / "prepare.json"
-    monkeypatch.setattr(prepare, "CACHE_PATH", path)
-    monkeypatch.setattr(prepare, "_warned", set())
+    monkeypatch.setattr(baselines, "CACHE_PATH", path)
+    monkeypatch.setattr(baselines, "_warned", set())
     return path
 
 
@@ -29,6 +31,8 @@ def _repo_copy(tmp_path, *extra):
     """The scripts in a throwaway root, so a CLI run writes its own workspace/."""
     for name in CORE_FILES + extra:
         shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "autokernel", tmp_path / "autokernel",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -49,21 +53,21 @@ def _run(cwd, *args, timeout=120):
     ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB", 2039.0),
 ])
 def test_known_gpus(name, spec_name, bandwidth):
-    spec = autokernel.gpu_spec(name)
+    spec = gpu_spec(name)
     assert (spec.name, spec.bandwidth_gb_s) == (spec_name, bandwidth)
     device = {"cuda": True, "name": name, "sm_count": 132, "capability": [9, 0],
               "max_sm_clock_mhz": 1980}
-    assert prepare.spec_for(device)["bandwidth_gb_s"] == bandwidth
+    assert baselines.spec_for(device)["bandwidth_gb_s"] == bandwidth
 
 
 def test_unknown_gpu_is_estimated_from_sms_and_clock():
     device = {"cuda": True, "name": "NVIDIA Future X1", "sm_count": 100, "capability": [9, 0],
               "max_sm_clock_mhz": 2000}
-    spec = prepare.spec_for(device)
+    spec = baselines.spec_for(device)
     assert spec["name"] == "NVIDIA Future X1 (estimated)"
     assert spec["fp16_tflops"] == pytest.approx(100 * 2000e6 * 4096 / 1e12)
     assert spec["bandwidth_gb_s"] is None  # unknown: only the measured copy speed counts
-    assert prepare.spec_for({"cuda": False, "name": "cpu"})["fp16_tflops"] is None
+    assert baselines.spec_for({"cuda": False, "name": "cpu"})["fp16_tflops"] is None
 
 
 def test_nvidia_smi_parsing(tmp_path, monkeypatch):
@@ -72,12 +76,12 @@ def test_nvidia_smi_parsing(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", uuid="1234-abcd")
-    assert prepare._nvidia_smi(props) == {"max_sm_clock_mhz": 1980, "max_mem_clock_mhz": 2619,
+    assert baselines._nvidia_smi(props) == {"max_sm_clock_mhz": 1980, "max_mem_clock_mhz": 2619,
                                           "driver": "550.54.15"}
     fake.write_text("#!/bin/sh\necho '[N/A]'\nexit 9\n")  # broken: no facts, no crash
-    assert prepare._nvidia_smi(props) == {}
+    assert baselines._nvidia_smi(props) == {}
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    assert prepare._nvidia_smi(props) == {}
+    assert baselines._nvidia_smi(props) == {}
 
 
 # ---- the cache ------------------------------------------------------------------------------
@@ -85,54 +89,54 @@ def test_nvidia_smi_parsing(tmp_path, monkeypatch):
 def test_cache_round_trip(cache_path, monkeypatch):
     ktype = autokernel.KERNEL_TYPES["rmsnorm"]  # has a library baseline
     shape = (4, 64)
-    first = prepare.baseline_times(ktype, shape, "fp16")
+    first = baselines.baseline_times(ktype, shape, "fp16")
     assert first["eager_us"] > 0 and first["library_us"] > 0
     assert first["library"] == "F.rms_norm" and first["compile_us"] is None  # CPU: no compile
     saved = json.loads(cache_path.read_text())
     entry = saved["baselines"]["rmsnorm|4x64|fp16"]
     assert entry["shape"] == [4, 64] and entry["eager_us"] == first["eager_us"]
-    assert saved["key"] == prepare.cache_key(prepare.device_identity())
+    assert saved["key"] == baselines.cache_key(baselines.device_identity())
 
     def must_not_measure(*args, **kwargs):
         raise AssertionError("a cached baseline was measured again")
-    monkeypatch.setattr(prepare, "measure_baselines", must_not_measure)
-    assert prepare.baseline_times("rmsnorm", [4, 64], autokernel.DTYPES["fp16"]) == first
+    monkeypatch.setattr(baselines, "measure_baselines", must_not_measure)
+    assert baselines.baseline_times("rmsnorm", [4, 64], autokernel.DTYPES["fp16"]) == first
 
     # Ceilings written by a (pretend) GPU run come back through load_ceilings.
-    prepare.update_cache(lambda c: c["ceilings"].update(bandwidth_gb_s=3018.0,
+    baselines.update_cache(lambda c: c["ceilings"].update(bandwidth_gb_s=3018.0,
                                                         tflops={"fp16": 700.0}))
-    ceilings = prepare.load_ceilings()
+    ceilings = baselines.load_ceilings()
     assert ceilings["bandwidth_gb_s"] == 3018.0 and ceilings["tflops"] == {"fp16": 700.0}
     assert json.loads(cache_path.read_text())["baselines"]["rmsnorm|4x64|fp16"] == entry
 
 
 def test_load_ceilings_cpu_and_absent(cache_path):
-    ceilings = prepare.load_ceilings()
+    ceilings = baselines.load_ceilings()
     assert ceilings["gpu"] == "cpu" and ceilings["bandwidth_gb_s"] is None
     assert ceilings["tflops"] is None and ceilings["spec"]["name"] == "cpu"
     assert not cache_path.exists()  # reading never writes, never measures
 
 
 def test_another_device_invalidates(cache_path, capsys):
-    prepare.baseline_times("reduce", (2, 32), "fp16")
+    baselines.baseline_times("reduce", (2, 32), "fp16")
     saved = json.loads(cache_path.read_text())
     saved["key"] = "NVIDIA H100 80GB HBM3|132 SMs|cc 9.0|81559 MiB|torch 2.11.0|triton 3.6.0"
     saved["ceilings"] = {"bandwidth_gb_s": 3018.0, "tflops": {"fp16": 700.0}}
     saved["baselines"]["reduce|2x32|fp16"]["eager_us"] = 123456.0
     cache_path.write_text(json.dumps(saved))
-    assert prepare.load_ceilings()["bandwidth_gb_s"] is None  # not this device's ceilings
-    assert prepare.baseline_times("reduce", (2, 32), "fp16")["eager_us"] != 123456.0
+    assert baselines.load_ceilings()["bandwidth_gb_s"] is None  # not this device's ceilings
+    assert baselines.baseline_times("reduce", (2, 32), "fp16")["eager_us"] != 123456.0
     assert "not this device" in capsys.readouterr().err
-    assert json.loads(cache_path.read_text())["key"] == prepare.cache_key(
-        prepare.device_identity())
+    assert json.loads(cache_path.read_text())["key"] == baselines.cache_key(
+        baselines.device_identity())
 
 
 @pytest.mark.parametrize("garbage", ["{not json", "[1, 2, 3]", '{"schema": 1}', ""])
 def test_corrupt_cache_is_rebuilt(cache_path, capsys, garbage):
     cache_path.parent.mkdir(parents=True)
     cache_path.write_text(garbage)
-    assert prepare.load_ceilings()["bandwidth_gb_s"] is None
-    times = prepare.baseline_times("softmax", (2, 32), "fp32")
+    assert baselines.load_ceilings()["bandwidth_gb_s"] is None
+    times = baselines.baseline_times("softmax", (2, 32), "fp32")
     assert times["eager_us"] > 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "corrupt" in line]
     assert len(warnings) == 1 and "rebuilding" in warnings[0]  # one line, said once
@@ -140,11 +144,11 @@ def test_corrupt_cache_is_rebuilt(cache_path, capsys, garbage):
 
 
 def test_bad_entry_values_are_remeasured(cache_path):
-    prepare.baseline_times("softmax", (2, 32), "fp16")
+    baselines.baseline_times("softmax", (2, 32), "fp16")
     saved = json.loads(cache_path.read_text())
     saved["baselines"]["softmax|2x32|fp16"]["eager_us"] = "fast"
     cache_path.write_text(json.dumps(saved))
-    assert isinstance(prepare.baseline_times("softmax", (2, 32), "fp16")["eager_us"], float)
+    assert isinstance(baselines.baseline_times("softmax", (2, 32), "fp16")["eager_us"], float)
 
 
 def test_failed_measurement_is_cached_not_raised(cache_path, monkeypatch):
@@ -153,10 +157,10 @@ def test_failed_measurement_is_cached_not_raised(cache_path, monkeypatch):
     def broken(**inputs):
         raise RuntimeError("CUDA out of memory\nsecond line")
     monkeypatch.setattr(reference, "softmax_eager", broken)
-    times = prepare.baseline_times("softmax", (2, 32), "fp16")
+    times = baselines.baseline_times("softmax", (2, 32), "fp16")
     assert times["eager_us"] is None
     entry = json.loads(cache_path.read_text())["baselines"]["softmax|2x32|fp16"]
-    assert entry["eager_error"] == "RuntimeError: CUDA out of memory"  # one line
+    assert entry["eager_error"] == "RuntimeError: CUDA out of memory ... second line"  # one line
 
 
 # ---- the CLI --------------------------------------------------------------------------------
@@ -179,34 +183,12 @@ def test_cli_bad_types(capsys):
     assert exit_info.value.code == 2 and "sofmax" in err and err.strip().count("\n") == 0
 
 
-# ---- the stdlib-shadowing hazard ------------------------------------------------------------
-
-def test_profile_shadowing_is_handled(tmp_path):
-    """A top-level script next to our profile.py that calls torch.compile (which imports
-    cProfile, which imports `profile`) works once prepare (autokernel) is imported first."""
-    root = _repo_copy(tmp_path)
-    (root / "profile.py").write_text('"""Our profiler: shadows the stdlib module."""\n'
-                                     "def main():\n    pass\n")
-    script = ("import sys\n"
-              "if sys.argv[1] == 'prepare':\n    import prepare\n"
-              "import torch\n"
-              "double = torch.compile(lambda x: x * 2 + 1, backend='eager')\n"
-              "assert double(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]\n"
-              "print('compiled fine')\n")
-    (root / "compile_at_root.py").write_text(script)
-    control = _run(root, "compile_at_root.py", "plain")  # proves the shadow is really there
-    assert control.returncode != 0 and "profile" in control.stderr
-    fixed = _run(root, "compile_at_root.py", "prepare")
-    assert fixed.returncode == 0, fixed.stderr[-2000:]
-    assert "compiled fine" in fixed.stdout
-
-
 def test_report_for_a_gpu_cache(capsys):
     """The GPU printout, from a cache as an H100 run would write it (no GPU needed to format)."""
     device = {"name": "NVIDIA H100 80GB HBM3", "cuda": True, "sm_count": 132,
               "capability": [9, 0], "memory_mib": 81559, "max_sm_clock_mhz": 1980,
               "driver": "550.54.15", "torch": "2.11.0", "triton": "3.6.0"}
-    cache = {"device": device, "spec": prepare.spec_for(device),
+    cache = {"device": device, "spec": baselines.spec_for(device),
              "ceilings": {"bandwidth_gb_s": 3018.4, "tflops": {"fp16": 712.0, "bf16": 705.5,
                                                                "fp32": 51.2}},
              "baselines": {"rmsnorm|8192x8192|fp16": {

@@ -1,19 +1,26 @@
 """profile.py on a CPU: attribution and classification of every shipped model (tiny configs),
 KernelBench files, transformers configs, the GPU attribution path (on recorded-event stand-ins),
-the launch-bound report, and a one-line error for each kind of bad input."""
+the launch-bound report, a one-line error for each kind of bad input, and the stdlib `profile`
+shadowing hazard."""
 import json
+import os
+import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 import autokernel
+from autokernel import recognize
+from autokernel.contract import load_module
 from models import bert, custom, gpt2, llama
 
-# `import profile` finds the standard library's (autokernel puts it in sys.modules first).
-profile_script = autokernel.load_module(autokernel.ROOT / "profile.py", "profile_under_test")
+# `import profile` finds the standard library's (autokernel puts it in sys.modules first), so the
+# script is loaded by path under another name.
+profile_script = load_module(autokernel.ROOT / "profile.py", "profile_under_test")
 ROOT = autokernel.ROOT
 
 
@@ -90,30 +97,6 @@ def test_low_precision_profile_runs():
     assert result["dtype"] == "bf16" and result["named_pct"] >= 95.0
 
 
-# ---- classification table ---------------------------------------------------------------------
-
-def test_classify_op_table():
-    c = profile_script.classify_op
-    assert c("aten::linear", [[4, 8, 16], [32, 16], [32]], []) == ("matmul", "matmul",
-                                                                    (32, 32, 16), "")
-    assert c("aten::addmm", [[32], [8, 16], [16, 32]], [])[2] == (8, 32, 16)
-    assert c("aten::softmax", [[4, 8, 16], [], []], [None, -1, None])[2] == (32, 16)
-    assert c("aten::softmax", [[4, 8, 16], [], []], [None, 1, None])[2] is None
-    sdpa = [[1, 2, 8, 16]] * 3 + [[], [], [], [], []]
-    assert c("aten::scaled_dot_product_attention", sdpa,
-             [None, None, None, None, 0.0, True, None, False])[1:3] == ("flash_attention",
-                                                                        (1, 2, 8, 16))
-    group, ktype, shape, note = c("aten::scaled_dot_product_attention", sdpa,
-                                  [None, None, None, None, 0.0, False, None, False])
-    assert (group, ktype, shape) == ("attention", None, None) and note
-    assert c("aten::add_", [[4], [4]], [])[0] == "elementwise"     # in-place variants too
-    assert c("aten::_to_copy", [[4]], [])[0] == "copy/cast"
-    assert c("aten::embedding", [[10, 4], [2, 3]], [])[0] == "embedding"
-    assert c("mylib::strange_op", [], [])[0] == "other"
-    for group, ktype, _ in profile_script.OP_TABLE.values():  # one table, valid types only
-        assert ktype is None or ktype in profile_script.KERNEL_TYPES
-
-
 # ---- the GPU path, on stand-ins for the profiler's events ---------------------------------------
 
 def _evt(name, parent=None, kernels=(), device="cpu", duration=0.0, annotation=False,
@@ -128,7 +111,7 @@ def _evt(name, parent=None, kernels=(), device="cpu", duration=0.0, annotation=F
 
 
 def test_gpu_attribution_scopes_outermost_ops_and_unlinked_kernels():
-    scope = _evt(profile_script.scope_name("RMSNorm", "rmsnorm", (8, 32)), annotation=True)
+    scope = _evt(recognize.scope_name("RMSNorm", "rmsnorm", (8, 32)), annotation=True)
     pow_ = _evt("aten::pow", scope, kernels=[("pow_kernel", 3.0)])
     linear = _evt("aten::linear", shapes=[[2, 4, 32], [64, 32], []])
     addmm = _evt("aten::addmm", linear, kernels=[("gemm", 10.0)])
@@ -136,7 +119,7 @@ def test_gpu_attribution_scopes_outermost_ops_and_unlinked_kernels():
     gpu = [_evt("pow_kernel", device="cuda", duration=3.0),
            _evt("gemm", device="cuda", duration=10.0),
            _evt("stray_library_kernel", device="cuda", duration=1.0),
-           _evt(profile_script.SCOPE_PREFIX + "x", device="cuda", duration=50.0, annotation=True)]
+           _evt(recognize.SCOPE_PREFIX + "x", device="cuda", duration=50.0, annotation=True)]
     anchors, unattributed, total = profile_script.attribute([scope, pow_, linear, addmm, view]
                                                             + gpu, on_gpu=True)
     assert total == 14.0 and dict(unattributed) == {"stray_library_kernel": 1.0}
@@ -281,10 +264,57 @@ def test_cli_error_has_no_traceback():
 def test_seven_b_refused_with_numbers_when_it_cannot_fit(monkeypatch, capsys, tmp_path):
     """The 7B preset is sized on the meta device first: on a box without the memory it is a
     one-line error, never an allocation (simulated here with a 4 GiB box)."""
-    import os
     real = os.sysconf
     monkeypatch.setattr(os, "sysconf", lambda k: 2**20 if k == "SC_AVPHYS_PAGES" else real(k))
     rc = profile_script.main(["--model", str(ROOT / "models" / "llama.py"), "--config", "7b",
                               "--output", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert rc == 2 and "needs 25.1 GiB" in err and "use a smaller --config" in err
+
+
+# ---- the stdlib-shadowing hazard ------------------------------------------------------------
+
+COMPILE_AT_ROOT = ("import torch\n"
+                   "double = torch.compile(lambda x: x * 2 + 1, backend='eager')\n"
+                   "assert double(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]\n"
+                   "print('compiled fine')\n")
+
+
+def _python(code, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_a_profile_py_on_the_path_breaks_torch_compile(tmp_path):
+    """The hazard itself: a script whose directory holds a `profile.py` (one that does not fix
+    things up, unlike ours) cannot torch.compile."""
+    (tmp_path / "profile.py").write_text('"""Shadows the stdlib module."""\n')
+    control = _python("import sys; sys.path.insert(0, '')\n" + COMPILE_AT_ROOT, tmp_path)
+    assert control.returncode != 0 and "profile" in control.stderr
+
+
+def test_torch_compile_works_from_the_repo_root():
+    """What every top-level script does: import autokernel first (it loads the stdlib `profile`
+    before ours can shadow it), then torch.compile, from the repo root."""
+    fixed = _python("import sys; sys.path.insert(0, '')\nimport autokernel\n" + COMPILE_AT_ROOT,
+                    ROOT)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "compiled fine" in fixed.stdout
+
+
+def test_no_module_imports_profile_py():
+    """profile.py is a script: no module imports it, by name (which would get the stdlib's, or
+    shadow it) or by path. Models load through models/load.py, recognition is in
+    autokernel/recognize.py. The one `import profile` is autokernel's load of the stdlib one."""
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("tests", ".venv", "workspace") or rel.parts[0].startswith(".") \
+                or rel == Path("autokernel", "__init__.py"):
+            continue
+        text = path.read_text(errors="replace")
+        if re.search(r"^\s*(import profile\b|from profile import)", text, re.M) \
+                or re.search(r"/\s*[\"']profile\.py[\"']", text):  # ROOT / "profile.py"
+            offenders.append(str(rel))
+    assert offenders == [], offenders

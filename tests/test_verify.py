@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import verify
+from autokernel.swap import WeightCache
 from models import bert, custom, gpt2, llama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,17 +100,17 @@ def test_unaligned_vocab_is_padded_and_dispatched_by_the_model_shape(tmp_path):
     cfg = gpt2.GPT2Config(vocab_size=131, max_seq=32, n_layer=1, n_head=2, dim=64)
     model = nontrivial_norms(gpt2.GPT2(cfg)).half()
     lm_head = {"name": "matmul_lm_head", "kernel_type": "matmul", "file": str(KDIR / "matmul.py"),
-               "shapes": [[16, 131, 64]], "dtype": "fp16"}
+               "shapes": [[16, 131, 64]], "dtype": "fp16", "share": 0.1}
     rest = dict(lm_head, name="matmul_rest", shapes=[])
     (tmp_path / "plan.json").write_text(json.dumps({"kernels": [lm_head, rest]}))
 
     class Args:
-        kernels, starters, plan = None, False, str(tmp_path / "plan.json")
-    weights = verify.WeightCache()
+        kernels, starters, plan, no_regate = None, False, str(tmp_path / "plan.json"), True
+    weights = WeightCache()
     padded = weights.transposed(model.wte.weight)  # the lm_head is tied to the embedding
     assert padded.shape == (64, 136) and padded.is_contiguous()
     assert torch.equal(padded[:, :131], model.wte.weight.t()) and not padded[:, 131:].any()
-    report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), verify.select_kernels(Args),
+    report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), verify.select_kernels(Args)[0],
                            timing=False)
     entry = by_name(report)["matmul_lm_head"]
     assert entry["calls"] == 1 and entry["shapes"] == ["16x131x64"], entry
@@ -264,14 +265,14 @@ def test_two_kernels_of_one_type_dispatch_by_declared_shape(tmp_path):
     """plan.json can list several kernels of one type: each owns the shapes it declared."""
     plan = {"kernels": [
         {"name": "matmul_lm_head", "kernel_type": "matmul", "file": str(KDIR / "matmul.py"),
-         "shapes": [[32, 256, 64]], "dtype": "fp32"},
+         "shapes": [[32, 256, 64]], "dtype": "fp32", "share": 0.1},
         {"name": "matmul_rest", "kernel_type": "matmul", "file": str(KDIR / "matmul.py"),
-         "shapes": [], "dtype": "fp32"}]}
+         "shapes": [], "dtype": "fp32", "share": 0.3}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
 
     class Args:
-        kernels, starters, plan = None, False, str(tmp_path / "plan.json")
-    ks = verify.select_kernels(Args)
+        kernels, starters, plan, no_regate = None, False, str(tmp_path / "plan.json"), True
+    ks = verify.select_kernels(Args)[0]
     torch.manual_seed(0)
     # The strided W.t() view (--weight-layout view) instead of a contiguous copy: the test
     # matmul honours strides, so the outputs must still match.
@@ -282,79 +283,6 @@ def test_two_kernels_of_one_type_dispatch_by_declared_shape(tmp_path):
     assert entries["matmul_lm_head"]["calls"] == 1
     assert entries["matmul_rest"]["calls"] == 7  # q, k, v, o and the MLP's three projections
     assert report["passed"]
-
-
-# ---- installing and restoring the patches ---------------------------------------------------
-
-ALL_TYPES = ("matmul", "softmax", "layernorm", "rmsnorm", "flash_attention", "fused_mlp",
-             "cross_entropy", "rotary_embedding", "reduce")
-
-
-def entry_points():
-    """Every attribute a swap rule patches: (the object there now, whether the owner holds it
-    itself rather than inheriting it, as torch.Tensor does TensorBase's methods)."""
-    return {(owner, attr): (getattr(owner, attr), attr in vars(owner))
-            for rule in verify.SWAP_RULES.values() for owner, attr in rule.functions}
-
-
-def assert_restored(before, model):
-    for (owner, attr), (obj, own) in entry_points().items():
-        assert obj is before[(owner, attr)][0], (owner, attr)
-        assert own == before[(owner, attr)][1], (owner, attr)
-    assert not any("forward" in vars(m) for m in model.modules())
-
-
-class RaisesAfterForward(nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, idx):
-        self.inner(idx)
-        raise RuntimeError("boom after the kernels ran")
-
-
-def test_installed_restores_every_patch_on_exit_and_on_exception():
-    torch.manual_seed(0)
-    model = llama.LLaMA(TINY_LLAMA).eval()
-    before = entry_points()
-    swap = verify.Swap(kernels(*ALL_TYPES))
-    with swap.installed(model):
-        assert all(getattr(o, a) is not before[(o, a)][0] for o, a in before)  # really patched
-        assert any("forward" in vars(m) for m in model.modules())
-        verify.forward(model, llama.get_inputs(1, 8, config=TINY_LLAMA))
-    assert sum(swap.calls.values()) > 0
-    assert_restored(before, model)
-
-    boom = RaisesAfterForward(model)
-    swap = verify.Swap(kernels(*ALL_TYPES))
-    run, error = verify.run_swapped(boom, llama.get_inputs(1, 8, config=TINY_LLAMA), swap)
-    assert run is None and "boom after the kernels ran" in error
-    assert swap.calls["matmul"] > 0  # the patches were in when it raised
-    assert_restored(before, boom)
-
-
-def test_only_active_types_are_patched_and_no_mode_taxes_the_forward():
-    """A model swapping only layernorm runs with no TorchFunctionMode and every other entry
-    point (F.linear, Tensor.sum, x @ W, ...) untouched."""
-    seen = {}
-
-    class Probe(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.proj = nn.LayerNorm(32), nn.Linear(32, 32)
-
-        def forward(self, x):
-            seen["mode"] = torch._C._is_torch_function_mode_enabled()
-            seen["patched"] = {(o, a) for o, a in before if getattr(o, a) is not before[(o, a)][0]}
-            return self.proj(self.norm(x)).softmax(-1).sum(-1)
-
-    before = entry_points()
-    model, swap = Probe(), verify.Swap(kernels("layernorm"))
-    with swap.installed(model):
-        model(torch.randn(2, 4, 32))
-    assert swap.calls["layernorm"] == 1
-    assert seen == {"mode": False, "patched": {(F, "layer_norm")}}
 
 
 # ---- the CLI --------------------------------------------------------------------------------
@@ -388,12 +316,12 @@ def test_wrong_kernel_fails_and_diagnose_names_it(tiny_model, tmp_path, capsys):
     out = tmp_path / "verify.json"
     args = tiny_model + ["--kernels", f"{kernel_paths('matmul')},{tmp_path / 'wrong_rmsnorm.py'}",
                          "--out", str(out)]
-    assert verify.main(args) == 1
+    assert verify.main(args + ["--no-regate"]) == 1
     text = capsys.readouterr().out
     assert "outputs mismatch" in text and "--diagnose" in text and "verdict: FAIL" in text
     assert json.loads(out.read_text())["passed"] is False
 
-    assert verify.main(args + ["--diagnose"]) == 1
+    assert verify.main(args + ["--diagnose", "--no-regate"]) == 1
     lines = capsys.readouterr().out.splitlines()
     failing = [ln for ln in lines if ln.startswith("diagnose: FAIL")]
     assert len(failing) == 1 and "wrong_rmsnorm" in failing[0] and "wrong_rmsnorm.py" in failing[0]
@@ -409,7 +337,7 @@ def test_wrong_kernel_fails_and_diagnose_names_it(tiny_model, tmp_path, capsys):
 def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
     args = tiny_model + ["--kernels", kernel_paths("rmsnorm", "softmax"), "--no-timing",
                          "--out", str(tmp_path / "v.json")]
-    assert verify.main(args) == 1
+    assert verify.main(args + ["--no-regate"]) == 1
     text = capsys.readouterr().out
     assert "FAIL softmax" in text and "never ran" in text
 
@@ -426,6 +354,9 @@ def test_cli_subprocess_timing_compile_and_json(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["passed"] and report["timing"]["compile_ms"] > 0
+    # each kernel file went through the gate before it was plugged in
+    assert "re-gating 2/2" in proc.stdout
+    assert all(c["passed"] and c["gate"].startswith("PASS") for c in report["regate"].values())
     assert report["speedup_vs_compile"] > 0 and "NOT meaningful" in proc.stdout
     assert {e["name"]: e["calls"] > 0 for e in report["kernels"]} == {"rmsnorm": True,
                                                                       "matmul": True}
@@ -444,7 +375,7 @@ def test_hf_llama_swaps(tmp_path, capsys):
     out = tmp_path / "verify.json"
     code = verify.main(["--module", "transformers", "--hf-config", "tiny-llama", "--input-shape",
                         "1x16", "--dtype", "fp32", "--kernels", kernel_paths(*names),
-                        "--no-timing", "--out", str(out)])
+                        "--no-timing", "--no-regate", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text
     entries = by_name(json.loads(out.read_text()))
@@ -461,7 +392,7 @@ def test_hf_gpt2_conv1d_addmm_swaps(tmp_path, capsys):
     out = tmp_path / "verify.json"
     code = verify.main(["--module", "transformers", "--hf-config", "tiny-gpt2", "--input-shape",
                         "1x16", "--dtype", "fp32", "--kernels", kernel_paths(*names),
-                        "--no-timing", "--out", str(out)])
+                        "--no-timing", "--no-regate", "--out", str(out)])
     assert code == 0, capsys.readouterr().out
     entries = by_name(json.loads(out.read_text()))
     assert all(entries[n]["calls"] > 0 for n in names), entries
@@ -475,9 +406,9 @@ def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
     bad_plan.write_text('{"kernels": [{"name": "no_file"}]}')
     cases = [
         (["--kernels", str(tmp_path / "missing.py")], "does not exist"),
-        (["--kernels", str(bad_type)], "KERNEL_TYPE 'conv' is not one of"),
+        (["--kernels", str(bad_type)], "unknown KERNEL_TYPE 'conv'"),
         (["--plan", str(tmp_path / "none.json")], "run extract.py first"),
-        (["--plan", str(bad_plan)], "is not a plan"),
+        (["--plan", str(bad_plan)], "re-run `uv run extract.py`"),
         (["--kernels", kernel_paths("rmsnorm"), "--starters"], "not both"),
         (["--kernels", kernel_paths("rmsnorm"), "--repeat", "0"], "--repeat >= 1"),
         (["--kernels", kernel_paths("rmsnorm"), "--input-shape", "2by16"], "--input-shape"),
@@ -486,7 +417,7 @@ def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
     for extra, words in cases:
         argv = [a for a in tiny_model if a not in ("--input-shape", "2x16")] + extra \
             if "--input-shape" in extra else tiny_model + extra
-        assert verify.main(argv) == 2, extra
+        assert verify.main(argv + ["--no-regate"]) == 2, extra
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err, err
 
@@ -495,12 +426,12 @@ def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, c
     """With no model flags, verify rebuilds the model profile.py recorded in profile.json."""
     model_file = tiny_model[1]
     profile_json = tmp_path / "profile.json"
-    profile_json.write_text(json.dumps({"model_args": {
+    profile_json.write_text(json.dumps({"entries": [], "model_args": {
         "model": model_file, "class_name": None, "config": None, "module": None,
         "hf_config": None, "input_shape": "1x8", "dtype": "fp32", "device": None}}))
     monkeypatch.setattr(verify.autokernel, "PROFILE_JSON", profile_json)
     out = tmp_path / "v.json"
-    assert verify.main(["--kernels", kernel_paths("rmsnorm"), "--no-timing",
+    assert verify.main(["--kernels", kernel_paths("rmsnorm"), "--no-timing", "--no-regate",
                         "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "model flags from" in text and "--input-shape 1x8" in text
@@ -508,19 +439,26 @@ def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, c
     assert report["kernels"][0]["shapes"] == ["8x64"] and "tiny_llama.py" in report["model"]
 
 
-def test_ignore_index_check_never_reads_back_during_graph_capture(monkeypatch):
-    """Capturing a CUDA graph forbids the read-back: the warm-up's answer for that targets
-    shape is reused, and an unseen shape falls back to torch."""
-    clean, with_hit = verify.Swap([]), verify.Swap([])
-    assert not verify._hits_ignore_index(clean, torch.tensor([1, 2, 3]), -100)
-    assert verify._hits_ignore_index(with_hit, torch.tensor([1, -100, 3]), -100)
-    assert not verify._hits_ignore_index(with_hit, torch.tensor([1, 2, 3]), -100)  # a later call
+def test_the_morning_recheck_refuses_files_that_no_kept_row_vouches_for(tmp_path):
+    import hashlib
+    from autokernel import regate
+    kernel = tmp_path / "softmax_1.py"
+    kernel.write_text("KERNEL_TYPE = 'softmax'\n")
+    digest = hashlib.sha256(kernel.read_bytes()).hexdigest()
 
-    def no_read_back(*args, **kwargs):
-        raise AssertionError("read back during a capture")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(torch.Tensor, "any", no_read_back)
-    assert not verify._hits_ignore_index(clean, torch.tensor([4, 5, 6]), -100)
-    assert verify._hits_ignore_index(with_hit, torch.tensor([4, 5, 6]), -100)  # seen at warm-up
-    assert verify._hits_ignore_index(clean, torch.tensor([4, 5]), -100)        # never seen
+    def kept(n, sha):
+        return {"tag": "softmax_1", "status": "keep", "correctness": "PASS", "experiment": str(n),
+                "kernel_sha256": sha, "commit": "abc1234", "latency_us": "10.0"}
+    assert regate.kept_version(kernel, "softmax_1", [])[0] is None  # the starter: a warning
+    ok, text = regate.kept_version(kernel, "softmax_1", [kept(1, digest)])
+    assert ok and "experiment 1, commit abc1234" in text
+    ok, text = regate.kept_version(kernel, "softmax_1", [kept(1, digest), kept(2, "0" * 64)])
+    assert ok and "older keep" in text
+    ok, text = regate.kept_version(kernel, "softmax_1", [kept(3, "f" * 64)])  # forged or edited
+    assert ok is False and "matches no kept row" in text
+
+
+def test_the_morning_recheck_runs_the_gate(tmp_path):
+    from autokernel import regate
+    passed, text = regate.regate(ROOT / "tests" / "planted" / "nan_output.py")
+    assert not passed and text.startswith("FAIL") and "NaN" in text

@@ -1,14 +1,20 @@
 """
-The one place that says what AutoKernel knows: file paths, the results.tsv schema, GPU specs,
-and the nine kernel types (arguments, input makers, FLOP/byte counts, shape sets, tolerances,
-adversarial inputs). Every script imports this module; none keeps its own copy of these facts.
+AutoKernel's library: the top-level scripts are thin CLIs over its modules.
+
+This module holds the facts every script shares: file paths, GPU specs, and the one table of
+kernel types (arguments, input makers, FLOP/byte counts, shape sets, tolerances, adversarial
+inputs). The other modules each do one job:
+    cli        one-line errors and exit codes        git        the one git wrapper
+    results    results.tsv: schema, reader, writer, keep rule
+    workspace  the workspace JSON files (profile.json, plan.json, ...)
+    contract   the kernel file contract (KERNEL_TYPE, kernel_fn, ...)
+    gate       the untrusted child that runs a kernel through the five stages
 
 Importing it also does two pieces of process setup that must happen before triton is imported:
   * CPU mode: with no CUDA GPU, TRITON_INTERPRET=1 so Triton kernels run in the interpreter.
   * The repo's profile.py shadows the standard library's `profile`, which torch.compile needs
     (cProfile imports it). We load the real one into sys.modules first.
 """
-import importlib.util
 import math
 import os
 import sys
@@ -21,7 +27,7 @@ from typing import Callable
 # Process setup
 # ---------------------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load_stdlib_profile():
@@ -67,73 +73,7 @@ ORCHESTRATE_JSON = WORKSPACE / "orchestrate.json"  # orchestrate.py state
 VERIFY_JSON = WORKSPACE / "verify.json"
 PROGRESS_PNG = ROOT / "progress.png"
 # Files bench.py refuses to judge with when they differ from the committed version.
-HARNESS_FILES = ("bench.py", "reference.py", "autokernel.py")
-
-
-# ---------------------------------------------------------------------------------------------
-# results.tsv schema: the seed's ten columns first, in this order, then ours.
-# ---------------------------------------------------------------------------------------------
-
-SEED_COLUMNS = [
-    "experiment", "tag", "kernel_type", "throughput_tflops", "latency_us", "pct_peak",
-    "speedup_vs_pytorch", "correctness", "peak_vram_mb", "description",
-]
-EXTRA_COLUMNS = [
-    "bandwidth_gb_s", "speedup_vs_compile", "status", "commit", "timestamp",
-    "shape", "dtype", "device", "timing_valid", "reason",
-]
-RESULTS_COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
-CORRECTNESS_VALUES = ("PASS", "FAIL", "TIMEOUT", "CRASH")
-STATUS_VALUES = ("keep", "revert", "judged")  # judged: --no-git runs, no git action taken
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU specs (datasheet, dense, no sparsity). Measured ceilings from prepare.py take precedence;
-# these are shown beside them. Names are matched by substring, most specific first.
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    fp16_tflops: float      # dense tensor-core fp16/bf16 with fp32 accumulate
-    bandwidth_gb_s: float   # HBM/GDDR datasheet bandwidth
-
-
-# Order matters: "H100 PCIe" and "H100 NVL" before the bare "H100" (which means the SXM part:
-# torch reports the SXM card as "NVIDIA H100 80GB HBM3").
-GPU_SPECS = [
-    ("H100 PCIe", GPUSpec("H100 PCIe", 756.0, 2000.0)),
-    ("H100 NVL", GPUSpec("H100 NVL", 835.0, 3900.0)),
-    ("H100", GPUSpec("H100 SXM", 989.4, 3350.0)),
-    ("GH200", GPUSpec("GH200", 989.4, 4000.0)),  # before "H200": "GH200" contains it
-    ("H200", GPUSpec("H200 SXM", 989.4, 4800.0)),
-    ("A100-SXM4-80GB", GPUSpec("A100 SXM 80GB", 312.0, 2039.0)),
-    ("A100 80GB PCIe", GPUSpec("A100 PCIe 80GB", 312.0, 1935.0)),
-    ("A100", GPUSpec("A100 40GB", 312.0, 1555.0)),
-    ("L40S", GPUSpec("L40S", 362.0, 864.0)),
-    ("L40", GPUSpec("L40", 181.0, 864.0)),  # before "L4", which it contains
-    ("L4", GPUSpec("L4", 121.0, 300.0)),
-    ("A10G", GPUSpec("A10G", 70.0, 600.0)),
-    ("A10", GPUSpec("A10", 125.0, 600.0)),
-    ("RTX 4090", GPUSpec("RTX 4090", 165.2, 1008.0)),
-    ("RTX 3090", GPUSpec("RTX 3090", 71.0, 936.0)),
-    ("T4", GPUSpec("T4", 65.0, 320.0)),
-]
-
-# Dense fp16 tensor FLOPs per SM per clock, by compute capability (for GPUs not in the table).
-FP16_FLOPS_PER_SM_CLOCK = {(7, 0): 1024, (7, 5): 512, (8, 0): 2048, (8, 6): 512, (8, 7): 512,
-                           (8, 9): 512, (9, 0): 4096, (10, 0): 8192, (12, 0): 1024}
-
-
-def gpu_spec(name: str, sm_count: int = 0, clock_mhz: float = 0.0,
-             capability: tuple = (0, 0)) -> GPUSpec:
-    """Datasheet spec for a GPU name; for an unknown GPU, estimate the matmul peak from SMs and
-    clock (bandwidth unknown: 0, prepare.py's measurement is then the only ceiling)."""
-    for key, spec in GPU_SPECS:
-        if key in name:
-            return spec
-    per_clock = FP16_FLOPS_PER_SM_CLOCK.get(tuple(capability), 1024)
-    return GPUSpec(f"{name} (estimated)", sm_count * clock_mhz * 1e6 * per_clock / 1e12, 0.0)
+HARNESS_FILES = ("bench.py", "reference.py", "autokernel")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -609,23 +549,6 @@ def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict)
     pct = 100.0 * floor_s / seconds if seconds > 0 and floor_s > 0 else float("nan")
     return {"throughput_tflops": tflops, "bandwidth_gb_s": gb_s, "pct_peak": min(pct, 100.0),
             "above_ceiling": pct > 100.0, "floor_us": floor_s * 1e6}
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading a kernel file (kernel.py, kernels/<type>.py, workspace/<name>.py) as a module
-# ---------------------------------------------------------------------------------------------
-
-def load_module(path, name=None):
-    """Import a Python file by path under a unique module name (never shadowing a library)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    name = name or f"autokernel_loaded_{path.stem}_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # triton.jit needs the module importable for inspect
-    spec.loader.exec_module(module)
-    return module
 
 
 def fmt_float(x, digits=3):

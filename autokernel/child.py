@@ -1,0 +1,252 @@
+"""
+The untrusted side of the gate: a process that imports one kernel file and runs its kernel_fn on
+the inputs the judge sends, nothing more. It decides nothing.
+
+bench.py's judge starts it (multiprocessing, spawn) and drives it over a pipe. Tensors only ever
+travel from the judge to this process (CUDA IPC on a GPU, shared memory on a CPU): the judge sends
+the inputs and an output buffer, this process copies kernel_fn's result into that buffer and
+answers in JSON, never in pickle (unpickling a message from here would run code in the judge):
+    ("call", inputs, poison, buffer)  -> {"status": "ok", "shape", "dtype", "aliases", "copied"}
+                                         | {"status": "forbidden", "op"}
+                                         | {"status": "raised", "kind", "error"}
+    ("time", inputs, buffer)          -> {"status": "timed", "median_us", ...}: the median of
+                                         one call; the buffer gets a timed call's output
+    ("loop", inputs, n, flush)        -> {"status": "looped"}: n calls, each after an L2 flush
+                                         when asked, then a device sync; the judge times this
+                                         with its own clock
+    ("stop",)
+
+What runs here can patch anything in this process (its clocks, json, torch, these functions), so
+the checks below are a courtesy that names the usual mistakes early: a torch compute op called
+from kernel_fn (rejected by a dispatch guard), outputs allocated inside kernel_fn (poisoned, so
+unwritten elements show) and outputs that alias an input. Everything a verdict rests on (values,
+shapes, inputs left unmodified, determinism, latency) is judged by the judge.
+"""
+import ctypes
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+# Ops kernel_fn may call: allocate and initialise outputs, views and metadata. Everything else in
+# aten/prims is math that must happen in the kernel's own Triton code.
+ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+               "empty_permuted"}
+ALLOWED_OPS = ALLOCATIONS | {
+    "zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "fill_", "zero_",
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand", "t",
+    "transpose", "permute", "squeeze", "unsqueeze", "select", "slice", "alias", "detach",
+    "unbind", "split", "split_with_sizes", "chunk", "narrow", "unflatten", "view_as",
+    "expand_as", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "size", "stride", "dim", "numel", "storage_offset", "is_contiguous", "is_same_size",
+    "is_non_overlapping_and_dense", "_local_scalar_dense", "record_stream",
+}
+FLUSH_BYTES = 512 << 20  # larger than any L2, and slow enough (~0.2 ms) to hide launch overhead
+
+
+def serve(conn, kernel_path, log_path):
+    """The child's main: detach, import the kernel, answer the judge until told to stop."""
+    os.setsid()  # own process group: the judge kills the whole group
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)  # the kernel's prints and faulthandler's reports go to the child log,
+    os.dup2(log, 2)  # never to bench.py's stdout, where the verdict is
+    sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
+    if sys.platform.startswith("linux"):  # die with the judge (a kernel can undo this: see docs)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    faulthandler.enable()  # a segfault or abort leaves a Python traceback in the log
+    import autokernel  # noqa: F401  (CPU mode: TRITON_INTERPRET before triton is imported)
+    from autokernel.contract import load_module, module_attrs
+    send = lambda msg: conn.send_bytes(json.dumps(msg).encode())  # noqa: E731
+    try:
+        module = load_module(kernel_path)
+    except BaseException as e:  # noqa: B036  (SystemExit from a kernel file is a failure too)
+        traceback.print_exc()
+        kind = "import error" if isinstance(e, ImportError) else \
+            f"{type(e).__name__} while importing the kernel file"
+        send({"status": "import_failed", "error": f"{kind}: {_line(e)}"})
+        return
+    attrs = {k: v for k, v in module_attrs(module).items() if _plain(v)}
+    runner = Runner(getattr(module, "kernel_fn", None))
+    send({"status": "loaded", "attrs": attrs, "has_kernel_fn": callable(runner.fn)})
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            return
+        send({"status": "pong"} if msg[0] == "ping" else getattr(runner, msg[0])(*msg[1:]))
+
+
+class Runner:
+    """Runs kernel_fn for the judge and answers in plain dicts. The tests call it in-process."""
+
+    def __init__(self, fn):
+        import torch
+        import autokernel
+        self.torch, self.fn, self.cuda = torch, fn, autokernel.CUDA
+        self.Guard = make_guard()
+        self.flush_buffer = None
+        self.previous = None  # the last call's output: one reused for new inputs is a cache
+
+    def call(self, inputs, poison, buffer):
+        guard = self.Guard(poison)
+        try:
+            with guard:
+                out = self.fn(**inputs)
+            self.sync()
+        except ForbiddenOp:
+            pass
+        except BaseException as e:  # noqa: B036  (SystemExit from kernel_fn is a failure too)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            if guard.violation is None:
+                return self.raised(e)
+        if guard.violation:
+            return {"status": "forbidden", "op": guard.violation}
+        reused = self.previous is not None and isinstance(out, self.torch.Tensor) \
+            and overlaps(out, self.previous)
+        self.previous = out
+        return dict(self.deliver(out, inputs, buffer), reused=reused)
+
+    def time(self, inputs, buffer):
+        """Median time of one call (the judge cross-checks it with its own clock)."""
+        fn = lambda: self.fn(**inputs)  # noqa: E731  (no guard: it would cost time)
+        try:
+            if self.cuda:
+                import triton.testing
+                median_us = triton.testing.do_bench(fn, return_mode="median") * 1e3
+                out = fn()
+                self.sync()
+            else:  # the interpreter: one wall-clock call a round, labelled meaningless
+                start = time.perf_counter()
+                out = fn()
+                median_us = (time.perf_counter() - start) * 1e6
+        except Exception as e:
+            return self.raised(e)
+        peak = self.torch.cuda.max_memory_allocated() / 2 ** 20 if self.cuda else None
+        return dict(self.deliver(out, inputs, buffer), status="timed", median_us=median_us,
+                    peak_vram_mb=peak)
+
+    def loop(self, inputs, n, flush):
+        """n calls back to back, each after an L2 flush when asked, then a device sync."""
+        if flush and self.flush_buffer is None:
+            self.flush_buffer = self.torch.empty(FLUSH_BYTES // 4, dtype=self.torch.int32,
+                                                 device="cuda")
+        try:
+            for _ in range(n):
+                if flush:
+                    self.flush_buffer.zero_()
+                self.fn(**inputs)
+            self.sync()
+        except Exception as e:
+            return self.raised(e)
+        return {"status": "looped"}
+
+    def deliver(self, out, inputs, buffer):
+        """Describe the output and copy it into the judge's buffer when it fits."""
+        torch = self.torch
+        if not isinstance(out, torch.Tensor):
+            return {"status": "ok", "type": type(out).__name__}
+        aliases = [name for name, t in inputs.items()
+                   if isinstance(t, torch.Tensor) and (out is t or overlaps(out, t))]
+        copied = tuple(out.shape) == tuple(buffer.shape) and out.dtype == buffer.dtype \
+            and out.device == buffer.device
+        if copied:
+            buffer.copy_(out)
+            self.sync()
+        return {"status": "ok", "type": "Tensor", "shape": list(out.shape),
+                "dtype": str(out.dtype).replace("torch.", ""), "device": str(out.device),
+                "aliases": aliases, "copied": copied}
+
+    def raised(self, e):
+        traceback.print_exc()
+        return {"status": "raised", "kind": error_kind(self.torch, e),
+                "error": f"{type(e).__name__}: {_line(e)}"}
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()  # surfaces asynchronous device errors here
+
+
+def overlaps(a, b):
+    """True when two tensors' storages share any byte."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+
+
+class ForbiddenOp(Exception):
+    pass
+
+
+def make_guard():
+    """A TorchDispatchMode that rejects torch compute ops and poisons fresh allocations."""
+    import torch
+    import triton
+    from torch.utils._python_dispatch import TorchDispatchMode
+    triton_dir = os.path.dirname(triton.__file__) + os.sep
+
+    def from_triton():
+        # Triton's interpreter and autotuner issue torch ops themselves (host copies, do_bench).
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename.startswith(triton_dir):
+                return True
+            frame = frame.f_back
+        return False
+
+    class Guard(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # Otherwise torch wraps __torch_dispatch__ in torch._dynamo.disable, and the first
+            # call imports all of dynamo (~900 modules, seconds). Nothing here is compiled.
+            return False
+
+        def __init__(self, poison):
+            super().__init__()
+            self.poison, self.violation = poison, None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if func.namespace in ("aten", "prims") and name not in ALLOWED_OPS \
+                    and not from_triton():
+                # Remember it: a kernel that swallows the exception is still caught.
+                self.violation = self.violation or f"{func.namespace}.{name}"
+                raise ForbiddenOp(self.violation)
+            out = func(*args, **(kwargs or {}))
+            if name in ALLOCATIONS and isinstance(out, torch.Tensor) and out.is_floating_point():
+                out.fill_(self.poison)  # unwritten elements will show
+            return out
+
+    return Guard
+
+
+def error_kind(torch, e):
+    """'oom', 'device' (the device is gone: nothing more can run in this process) or 'error'."""
+    text = str(e).lower()
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None), MemoryError) if t)
+    if isinstance(e, oom_types) or "out of memory" in text or "can't allocate memory" in text:
+        return "oom"
+    if any(s in text for s in ("illegal memory access", "device-side assert",
+                               "unspecified launch failure", "illegal instruction",
+                               "misaligned address", "cuda error")):
+        return "device"
+    return "error"
+
+
+def _line(e):
+    from autokernel.cli import one_line
+    return one_line(e)
+
+
+def _plain(value):
+    """Literal values only cross to the judge (a kernel module can hold anything)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return True
+    return isinstance(value, (list, tuple)) and all(_plain(v) for v in value)

@@ -1,0 +1,56 @@
+"""
+How every script talks to its user when something is wrong: one line that names the problem and
+what to do, never a traceback. Exit codes: 2 for usage (bad flags, missing or malformed files,
+a refused action), 1 for a failed check or a broken run.
+"""
+import re
+import sys
+
+
+class UsageError(Exception):
+    """Bad flags, files or state. The message is the whole story: one line, ends with what to do.
+    `code` is the exit status (2 unless the caller says otherwise)."""
+
+    def __init__(self, message, code=2):
+        super().__init__(message)
+        self.code = code
+
+
+def one_line(error, limit=300) -> str:
+    """An exception or text as one line. Multi-line messages (Triton's CompilationError puts a
+    source excerpt between its first and last line) keep their first and last lines; an
+    exception whose message is empty is named by its type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        text = type(error).__name__ if isinstance(error, BaseException) else ""
+    elif len(lines) == 1:
+        text = lines[0]
+    else:
+        text = f"{lines[0]} ... {lines[-1]}"
+    text = re.sub(r"[\t\r\x00-\x1f]+", " ", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def describe(error, limit=300) -> str:
+    """`Type: message` on one line, for errors raised by code we do not own (a kernel, a model)."""
+    text = one_line(error, limit)
+    name = type(error).__name__
+    return name if text == name else f"{name}: {text}"
+
+
+def fail(script, message, code=2) -> int:
+    """Print `script: error: message` on stderr and return the exit code to pass on."""
+    print(f"{script}: error: {one_line(message, 2000)}", file=sys.stderr)
+    return code
+
+
+def run_main(script, main, argv=None) -> int:
+    """Run a script's main(argv), turning a UsageError into its one-line message and exit code,
+    and Ctrl-C into a quiet exit 130."""
+    try:
+        return main(argv) or 0
+    except UsageError as e:
+        return fail(script, e, e.code)
+    except KeyboardInterrupt:
+        print(f"{script}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,126 @@
+"""
+The kernel file contract (kernel.py, kernels/<type>.py, workspace/<name>.py): what a file must
+define, read one way by every script.
+
+    KERNEL_TYPE  = "softmax"          # one of the registered types (autokernel.KERNEL_TYPES)
+    KERNEL_NAME  = "softmax_1"        # optional: the tag in results.tsv and plan.json
+    BACKEND      = "triton"           # optional
+    BENCH_SHAPES = [(4096, 50257)]    # optional: the shapes that matter (the first is timed)
+    BENCH_DTYPE  = "bf16"             # optional: the timed dtype (default fp16)
+    def kernel_fn(**tensors): ...     # the reference's named tensors in, a new tensor out
+
+The names are read from the source without running it (`read_attrs`), so a row can be tagged
+even when the file does not import; `load` imports the file and checks the same names.
+"""
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from autokernel import DTYPE_NAMES, KERNEL_TYPE_NAMES, KERNEL_TYPES, parse_dtype
+
+CONTRACT_NAMES = ("KERNEL_TYPE", "KERNEL_NAME", "BENCH_SHAPES", "BENCH_DTYPE", "BACKEND")
+BACKENDS = ("triton",)
+
+
+class KernelFileError(Exception):
+    """The file breaks the contract; the message says what to set."""
+
+
+def read_attrs(source, filename="kernel.py"):
+    """The contract names assigned a literal at the top level (the last assignment wins), read
+    without running the file. -> (attrs, syntax error message or None)."""
+    try:
+        tree = ast.parse(source, filename=str(filename))
+    except (SyntaxError, ValueError) as e:
+        attrs = dict(re.findall(r"^(KERNEL_TYPE|KERNEL_NAME)\s*=\s*['\"]([\w.-]+)['\"]",
+                                source, re.M))
+        return attrs, f"syntax error in {Path(filename).name} line " \
+                      f"{getattr(e, 'lineno', '?')}: {getattr(e, 'msg', e)}"
+    attrs = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id in CONTRACT_NAMES:
+                    try:
+                        attrs[target.id] = ast.literal_eval(node.value)
+                    except (ValueError, TypeError, SyntaxError):  # computed at import time
+                        pass
+    return attrs, None
+
+
+def read_file_attrs(path):
+    return read_attrs(Path(path).read_text(errors="replace"), path)
+
+
+def tag_of(attrs) -> str:
+    """The name a kernel goes by in results.tsv and plan.json: KERNEL_NAME, else KERNEL_TYPE."""
+    return str(attrs.get("KERNEL_NAME") or attrs.get("KERNEL_TYPE") or "")
+
+
+def tag_of_source(source):
+    """tag_of for a file's text (None when it names no type)."""
+    return tag_of(read_attrs(source)[0]) or None
+
+
+def plan(attrs) -> dict:
+    """What to judge a kernel file at, from its contract names: {"kernel_type", "tag", "shape"
+    (the timed one), "shape_str", "bench_shapes", "dtype"}. Raises KernelFileError."""
+    name = attrs.get("KERNEL_TYPE")
+    if name is None:
+        raise KernelFileError(f"kernel file defines no KERNEL_TYPE; set it to one of "
+                              f"{', '.join(KERNEL_TYPE_NAMES)}")
+    if name not in KERNEL_TYPES:
+        raise KernelFileError(f"unknown KERNEL_TYPE {name!r}: use one of "
+                              f"{', '.join(KERNEL_TYPE_NAMES)}")
+    backend = attrs.get("BACKEND", "triton")
+    if backend not in BACKENDS:
+        raise KernelFileError(f"BACKEND {backend!r} is not supported: use one of "
+                              f"{', '.join(BACKENDS)}")
+    ktype = KERNEL_TYPES[name]
+    shapes = attrs.get("BENCH_SHAPES") or [ktype.shapes("primary")]
+    try:
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+    except (TypeError, ValueError):
+        raise KernelFileError(f"BENCH_SHAPES must be a list of shape tuples, got {shapes!r}")
+    for s in shapes:
+        if len(s) != len(ktype.shape_names) or min(s) < 1:
+            raise KernelFileError(f"BENCH_SHAPES entry {s} is not a {name} shape "
+                                  f"({', '.join(ktype.shape_names)}, all >= 1)")
+    try:
+        dtype = parse_dtype(str(attrs.get("BENCH_DTYPE") or "fp16"))
+    except ValueError as e:
+        raise KernelFileError(f"BENCH_DTYPE: {e}")
+    if dtype not in ktype.dtypes():  # bf16 tl.dot is wrong in the CPU interpreter
+        dtype = ktype.dtypes()[0]
+    return {"kernel_type": name, "tag": tag_of(attrs), "shape": list(shapes[0]),
+            "shape_str": ktype.shape_str(shapes[0]), "bench_shapes": [list(s) for s in shapes],
+            "dtype": DTYPE_NAMES[dtype]}
+
+
+def load_module(path, name=None):
+    """Import a Python file by path under a unique module name (never shadowing a library)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    name = name or f"autokernel_loaded_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # triton.jit needs the module importable for inspect
+    spec.loader.exec_module(module)
+    return module
+
+
+def module_attrs(module) -> dict:
+    """The contract names an imported kernel module defines."""
+    return {k: getattr(module, k) for k in CONTRACT_NAMES if hasattr(module, k)}
+
+
+def check_module(module):
+    """The plan of an imported kernel module; KernelFileError when it breaks the contract."""
+    result = plan(module_attrs(module))
+    if not callable(getattr(module, "kernel_fn", None)):
+        raise KernelFileError("kernel file defines no kernel_fn(...); it must take the "
+                              "reference's tensors by name and return a new tensor")
+    return result

@@ -1,0 +1,264 @@
+"""
+The five correctness stages, judged where the kernel cannot reach.
+
+The judge (bench.py's process) makes fresh random inputs, computes the float64 oracle itself,
+and asks a runner to call kernel_fn: in a real run the runner is the untrusted child process
+(autokernel/child.py) that imported the kernel file; the tests may use one in-process. The runner
+only ever copies the kernel's output into a buffer the judge allocated, so every check below looks
+at the judge's own memory:
+
+    1 smoke        primary shape and dtype (BENCH_SHAPES[0] / BENCH_DTYPE, else the type's)
+    2 sweep        the type's sweep shapes + BENCH_SHAPES, in every dtype
+    3 stability    adversarial inputs (the type's makers) in every dtype
+    4 determinism  three runs on the same inputs, bitwise equal
+    5 edge         non-power-of-two and vocabulary-sized shapes, in every dtype
+
+Honesty: fresh inputs every run (never a fixed seed); two input sets per check (an output reused
+for new inputs, or identical wrong outputs, is a cached result); outputs allocated inside kernel_fn
+are poisoned by the runner (NaN, then a finite sentinel, to name "elements left unwritten"); the
+inputs must come back bit for bit as they went in; torch compute ops and outputs that alias an
+input are reported by the runner and fail. The first failing stage stops the run and names why.
+"""
+import os
+import time
+
+import torch
+
+import autokernel as ak
+
+STAGES = ("smoke", "sweep", "stability", "determinism", "edge")
+SENTINEL = 7777.0  # second poison: finite and far from any softmax/norm/sum output here
+
+
+class CheckFailure(Exception):
+    """A stage failed (FAIL)."""
+
+
+class CheckCrash(Exception):
+    """The device is gone (illegal memory access, device-side assert): CRASH, stop at once."""
+
+
+def fresh_generator():
+    """Fresh inputs every run: nothing to memorise. Never a fixed seed."""
+    gen = torch.Generator(device=ak.DEVICE)
+    gen.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    return gen
+
+
+def check(runner, plan, quick=False, on_stage=None, log=None):
+    """Run the stages through `runner` (see autokernel/child.Runner). Returns {"correctness":
+    "PASS" | "FAIL" | "CRASH", "reason", "stages": {name: "PASS" | "FAIL" | "skipped"},
+    "failed_stage", "checks"}. quick: the smoke stage only."""
+    log = log or (lambda line: None)
+    result = {"correctness": "FAIL", "reason": "", "stages": {s: "skipped" for s in STAGES},
+              "failed_stage": None, "checks": 0}
+    judge = Judge(runner, plan, on_stage or (lambda name, where="": None))
+    for number, stage in enumerate(STAGES, start=1):
+        if result["failed_stage"] or (quick and number > 1):
+            why = f"{result['failed_stage']} failed" if result["failed_stage"] else "--quick"
+            log(f"stage_{number}_{stage}: skipped ({why})")
+            continue
+        started, before = time.perf_counter(), judge.checks
+        try:
+            getattr(judge, stage)()
+        except (CheckFailure, CheckCrash) as e:
+            crash = isinstance(e, CheckCrash)
+            result.update(correctness="CRASH" if crash else "FAIL", failed_stage=stage,
+                          reason=f"{stage}: {e}")
+            result["stages"][stage] = "FAIL"
+            log(f"stage_{number}_{stage}: FAIL {e}")
+            if crash:  # the device is unusable: nothing more can run in that process
+                break
+            continue
+        result["stages"][stage] = "PASS"
+        log(f"stage_{number}_{stage}: PASS ({judge.checks - before} checks, "
+            f"{time.perf_counter() - started:.2f} s)")
+    result["checks"] = judge.checks
+    if not result["failed_stage"]:
+        result["correctness"] = "PASS"
+    return result
+
+
+class Judge:
+    """Makes inputs, has the runner call kernel_fn on them, judges what comes back."""
+
+    def __init__(self, runner, plan, on_stage):
+        self.runner, self.on_stage = runner, on_stage
+        self.ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
+        self.primary = tuple(plan["shape"])
+        self.bench_shapes = [tuple(s) for s in plan["bench_shapes"]]
+        self.dtype = ak.DTYPES[plan["dtype"]]
+        self.gen = fresh_generator()
+        self.checks = 0
+
+    # The five stages, in order. Each raises CheckFailure naming what is wrong.
+    def smoke(self):
+        self.random_case("smoke", self.primary, self.dtype)
+
+    def sweep(self):
+        for shape in unique(list(self.ktype.shapes("sweep")) + self.bench_shapes):
+            for dtype in self.ktype.dtypes():
+                self.random_case("sweep", shape, dtype)
+
+    def stability(self):
+        for shape in self.ktype.shapes("stability"):
+            for dtype in self.ktype.dtypes():
+                cases = self.ktype.adversarial(tuple(shape), dtype, ak.DEVICE, self.gen)
+                for label, inputs in cases:
+                    self.judge("stability", [inputs], f"{self.where(shape, dtype)}, {label}")
+
+    def determinism(self):
+        shape, dtype = self.primary, self.dtype
+        where = self.where(shape, dtype)
+        self.on_stage("determinism", where)
+        inputs = self.ktype.inputs(shape, dtype, ak.DEVICE, self.gen)
+        pristine = {k: v.clone() for k, v in inputs.items()}
+        ref = self.ktype.reference(**pristine)
+        outs = [self.call(inputs, pristine, ref, float("nan"), where)[0] for _ in range(3)]
+        self.checks += 1
+        first = bits(outs[0])
+        for out in outs[1:]:
+            differ = int((bits(out) != first).sum())
+            if differ:
+                raise CheckFailure(f"non-deterministic: 3 runs on the same inputs differ in "
+                                   f"{differ} of {out.numel()} elements at {where}")
+        self.compare(outs[0], ref, pristine, where)
+
+    def edge(self):
+        for shape in self.ktype.shapes("edge"):
+            for dtype in self.ktype.dtypes():
+                self.random_case("edge", shape, dtype)
+
+    # ---- helpers ----
+    def where(self, shape, dtype):
+        return f"{self.ktype.shape_str(shape)} {ak.DTYPE_NAMES[dtype]}"
+
+    def random_case(self, stage, shape, dtype):
+        # Two different input sets at the same shape: a result cached from the first call, or
+        # an output buffer reused across calls, fails on the second.
+        sets = [self.ktype.inputs(tuple(shape), dtype, ak.DEVICE, self.gen) for _ in range(2)]
+        self.judge(stage, sets, self.where(shape, dtype))
+
+    def judge(self, stage, sets, where):
+        self.on_stage(stage, where)
+        pristine = [{k: v.clone() for k, v in inputs.items()} for inputs in sets]
+        refs = [self.ktype.reference(**inputs) for inputs in pristine]
+        outs = []
+        for i, (inputs, clean, ref) in enumerate(zip(sets, pristine, refs)):
+            out, reply = self.call(inputs, clean, ref, float("nan"), where)
+            self.checks += 1
+            if i and reply.get("reused"):
+                raise CheckFailure(f"returned the same output buffer for two different inputs "
+                                   f"(a result cached from an earlier call) at {where}")
+            for earlier, earlier_ref in zip(outs, refs):
+                # Identical outputs for different inputs are a cache only if they are wrong
+                # for these inputs: a correct single bf16 sum can equal another draw's.
+                if torch.equal(bits(out), bits(earlier)) and not torch.equal(ref, earlier_ref) \
+                        and bool(self.ktype.mismatches(out, ref, clean)[0].any()):
+                    raise CheckFailure(f"returned a result cached from an earlier call "
+                                       f"(identical output for different inputs) at {where}")
+            self.compare(out, ref, clean, where)
+            outs.append(out)
+
+    def call(self, inputs, pristine, ref, poison, where):
+        """kernel_fn on inputs, through the runner: the judge's copy of the output and the
+        runner's reply. Checks everything but the values."""
+        buffer = torch.full(ref.shape, float("nan"), dtype=ak.out_dtype(self.ktype, inputs),
+                            device=ak.DEVICE)
+        reply = self.runner.call(inputs, poison, buffer)
+        status = reply.get("status")
+        if status == "forbidden":
+            raise CheckFailure(f"kernel_fn called torch compute op {reply['op']}; do the math "
+                               f"in a Triton kernel")
+        if status == "raised":
+            kind, error = reply.get("kind"), reply.get("error", "")
+            if kind == "oom":
+                raise CheckFailure(f"out of memory at {where}: {error}")
+            if kind == "device":
+                raise CheckCrash(f"device fault at {where}: {error}")
+            raise CheckFailure(f"kernel_fn raised {error} at {where}")
+        self.check_reply(reply, buffer, where)
+        for name, tensor in inputs.items():
+            changed = int((bits(tensor) != bits(pristine[name])).sum())
+            if changed:
+                raise CheckFailure(f"kernel_fn modified its input {name} ({changed} of "
+                                   f"{tensor.numel()} elements changed) at {where}")
+        return buffer, reply
+
+    def check_reply(self, reply, buffer, where):
+        """The output's type, shape, dtype and device as the runner saw them; aliasing."""
+        if reply.get("type") != "Tensor":
+            raise CheckFailure(f"kernel_fn returned {reply.get('type')}, expected a new "
+                               f"torch.Tensor at {where}")
+        if reply.get("aliases"):
+            raise CheckFailure(f"the output shares memory with input {reply['aliases'][0]}; "
+                               f"return a new tensor")
+        if tuple(reply.get("shape", ())) != tuple(buffer.shape):
+            raise CheckFailure(f"wrong output shape {tuple(reply.get('shape', ()))}, expected "
+                               f"{tuple(buffer.shape)} at {where}")
+        expected = str(buffer.dtype).replace("torch.", "")
+        if reply.get("dtype") != expected:
+            raise CheckFailure(f"wrong output dtype {reply.get('dtype')}, expected {expected} "
+                               f"at {where}")
+        if not reply.get("copied"):
+            raise CheckFailure(f"output on {reply.get('device')}, expected {buffer.device}")
+
+    def compare(self, out, ref, pristine, where):
+        """Values against the fp64 oracle (KernelType.mismatches: the input dtype's tolerance,
+        atol in units of the output's RMS or the type's error_scale). A mismatch is re-run with a
+        finite poison: outputs that differ exactly where the poison differs were never written."""
+        dtype = pristine[self.ktype.args[0]].dtype
+        tol = ak.tolerance(dtype)
+        got, want = out.double(), ref.double()
+        bad, atol = self.ktype.mismatches(got, want, pristine)
+        if not bool(bad.any()):
+            return
+        total = out.numel()
+        inputs = {k: v.clone() for k, v in pristine.items()}
+        try:
+            again = self.call(inputs, pristine, ref, SENTINEL, where)[0]
+        except CheckFailure:
+            again = None
+        if again is not None:
+            differ = bits(again) != bits(out)
+            unwritten = differ & torch.isnan(out.reshape(-1)) & (again.reshape(-1) == SENTINEL)
+            n = int(differ.sum())
+            if n and int(unwritten.sum()) == n:
+                raise CheckFailure(f"elements left unwritten ({n} of {total}) at {where}")
+        finite_ref = torch.isfinite(want)
+        for label, mask in (("NaN", torch.isnan(got)), ("Inf", torch.isinf(got))):
+            count = int((mask & finite_ref).sum())
+            if count:
+                raise CheckFailure(f"output has {label} ({count} of {total} elements) at {where}")
+        n = int(bad.sum())
+        err = (got - want).abs().masked_fill(~bad, 0)
+        worst = int(err.reshape(-1).argmax())
+        index = [int(i) for i in unravel(worst, out.shape)]
+        raise CheckFailure(
+            f"wrong values at {where}: {n} of {total} elements outside rtol={tol:g}, "
+            f"atol={atol:.3g} (worst at {index}: got {got.reshape(-1)[worst].item():.6g}, "
+            f"expected {want.reshape(-1)[worst].item():.6g})")
+
+
+def unique(shapes):
+    seen, out = set(), []
+    for s in shapes:
+        if tuple(s) not in seen:
+            seen.add(tuple(s))
+            out.append(tuple(s))
+    return out
+
+
+def unravel(flat, shape):
+    index = []
+    for size in reversed(tuple(shape)):
+        index.append(flat % size)
+        flat //= size
+    return list(reversed(index))
+
+
+def bits(t):
+    """The raw bits of a tensor, flat (bitwise equality, NaN included)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    flat = t.detach().reshape(-1)
+    return flat.view(ints[flat.element_size()]) if flat.is_floating_point() else flat

@@ -1,0 +1,66 @@
+"""
+The morning re-check: before verify.py plugs a kernel file into the model, the file goes through
+the gate again (bench.py --no-git: the five stages on fresh inputs, its own timing, the untrusted
+child) and, for the night's kernels, its bytes must be those of a kept row of results.tsv. A
+forged results.tsv or a file edited after its keep never reaches the morning report.
+"""
+import hashlib
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from autokernel import ROOT
+from autokernel.cli import one_line
+from autokernel.results import rel
+
+
+def regate(path, timeout_s=180):
+    """(passed, one line) for a kernel file judged by bench.py --no-git in a scratch results
+    file (the night's results.tsv gets no row)."""
+    with tempfile.TemporaryDirectory(prefix="autokernel_regate_") as scratch:
+        cmd = [sys.executable, str(ROOT / "bench.py"), "--kernel", str(path), "--no-git",
+               "--results", str(Path(scratch) / "results.tsv"), "--timeout", str(timeout_s)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    keys = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    if proc.returncode != 0 or "correctness" not in keys:
+        return False, f"the gate refused to judge it: {one_line(proc.stderr) or 'no output'}"
+    if keys["correctness"] != "PASS":
+        return False, f"{keys['correctness']}: {keys.get('reason', '')}"
+    return True, f"PASS, {float(keys.get('latency_us', 'nan')):.1f} us"
+
+
+def kept_version(path, tag, rows):
+    """Which kept row of results.tsv this file is: (ok, one line). ok is False when the file
+    matches no kept row of its tag (edited after its keep, or a forged row), None when the tag
+    has no kept row at all (the starter extract.py wrote)."""
+    keeps = [r for r in rows if r["tag"] == tag and r["status"] == "keep"
+             and r["correctness"] == "PASS"]
+    if not keeps:
+        return None, "no kept version in results.tsv: this is the starter as extract.py wrote it"
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    match = [r for r in keeps if r["kernel_sha256"] == digest]
+    if not match:
+        return False, (f"{rel(path)} matches no kept row of {tag} in results.tsv (edited after "
+                       f"its keep, or the row is not bench.py's)")
+    row = match[-1]
+    older = "" if row is keeps[-1] else f" (an older keep; the latest is experiment " \
+                                        f"{keeps[-1]['experiment']})"
+    return True, (f"kept version of experiment {row['experiment']}, commit {row['commit']}, "
+                  f"{row['latency_us']} us{older}")
+
+
+def check_all(specs, rows=None, log=print):
+    """specs: [(path, tag)]; rows: results.tsv's rows for the night's kernels (None: no kept-row
+    check). Returns {path: {"passed", "gate", "version", "version_ok"}}, logging progress."""
+    out = {}
+    for i, (path, tag) in enumerate(specs, start=1):
+        started = time.monotonic()
+        log(f"re-gating {i}/{len(specs)}: {rel(path)} ...")
+        version_ok, version = kept_version(path, tag, rows) if rows is not None else (None, "")
+        passed, gate = (False, "not judged") if version_ok is False else regate(path)
+        log(f"  {gate} ({time.monotonic() - started:.0f} s)" + (f"; {version}" if version else ""))
+        out[str(path)] = {"passed": passed and version_ok is not False, "gate": gate,
+                          "version": version, "version_ok": version_ok}
+    return out

@@ -1,0 +1,199 @@
+"""
+results.tsv, the night's record: its schema, its one reader and one writer, and the keep rule.
+
+Every experiment bench.py judges is one row, appended and flushed to disk before any git action,
+so the file and the commits never disagree. Nothing ever rewrites a row. bench.py refuses to judge
+on a malformed file (one line naming the line and what to do) rather than guess.
+
+Columns: the seed's ten first, in this order, then ours:
+    experiment, tag, kernel_type, throughput_tflops, latency_us, pct_peak, speedup_vs_pytorch,
+    correctness (PASS FAIL TIMEOUT CRASH), peak_vram_mb, description,
+    bandwidth_gb_s, speedup_vs_compile, status (keep revert judged), commit, timestamp, shape,
+    dtype, device, timing_valid, reason, kernel_sha256 (the judged file's bytes), best_us (the best
+    kept version, timed in the same run), noise_pct (the paired rounds' spread)
+"""
+import csv
+import math
+import os
+import re
+from pathlib import Path
+
+from autokernel import RESULTS_TSV, ROOT
+from autokernel.cli import UsageError
+
+SEED_COLUMNS = [
+    "experiment", "tag", "kernel_type", "throughput_tflops", "latency_us", "pct_peak",
+    "speedup_vs_pytorch", "correctness", "peak_vram_mb", "description",
+]
+EXTRA_COLUMNS = [
+    "bandwidth_gb_s", "speedup_vs_compile", "status", "commit", "timestamp",
+    "shape", "dtype", "device", "timing_valid", "reason", "kernel_sha256", "best_us",
+    "noise_pct",
+]
+COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
+CORRECTNESS_VALUES = ("PASS", "FAIL", "TIMEOUT", "CRASH")
+STATUS_VALUES = ("keep", "revert", "judged")  # judged: no git action (--no-git, --quick, refused)
+NUMERIC_COLUMNS = ["experiment", "throughput_tflops", "latency_us", "pct_peak",
+                   "speedup_vs_pytorch", "peak_vram_mb", "bandwidth_gb_s", "speedup_vs_compile",
+                   "best_us", "noise_pct"]
+SETTING_COLUMNS = ("tag", "shape", "dtype", "device")  # latencies compare only within a setting
+
+
+def rel(path) -> str:
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(ROOT.resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+def read_rows(path=RESULTS_TSV, must_exist=False) -> list:
+    """The rows as dicts of strings, in file order ([] when the file is missing). Anything
+    malformed raises UsageError naming the line: the file is never rewritten, only appended to."""
+    path = Path(path)
+    if not path.exists():
+        if must_exist:
+            raise UsageError(f"{rel(path)} not found: run `uv run bench.py` first")
+        return []
+    if path.stat().st_size == 0:
+        raise UsageError(f"{rel(path)} is empty (not even a header): delete it and let "
+                         f"`uv run bench.py` write a new one")
+    try:
+        with open(path, newline="") as f:
+            table = list(csv.reader(f, delimiter="\t"))
+    except (csv.Error, UnicodeDecodeError, OSError) as e:
+        raise UsageError(f"{rel(path)} is malformed ({' '.join(str(e).split())}); fix it or "
+                         f"move it aside")
+    header = table[0] if table else []
+    if header != COLUMNS:
+        at = next((i for i, (a, b) in enumerate(zip(header, COLUMNS)) if a != b),
+                  min(len(header), len(COLUMNS)))
+        raise UsageError(
+            f"{rel(path)} is malformed: its header differs from bench.py's columns at column "
+            f"{at + 1} ({header[at] if at < len(header) else 'missing'!r} vs "
+            f"{COLUMNS[at] if at < len(COLUMNS) else 'nothing'!r}); move it aside "
+            f"(an older format?) and let bench.py start a new one")
+    rows = []
+    for number, fields in enumerate(table[1:], start=2):
+        if len(fields) != len(COLUMNS):
+            raise UsageError(f"{rel(path)} is malformed: line {number} has {len(fields)} fields, "
+                             f"expected {len(COLUMNS)}; fix that line or move the file aside")
+        row = dict(zip(COLUMNS, fields))
+        if row["correctness"] not in CORRECTNESS_VALUES or row["status"] not in STATUS_VALUES:
+            raise UsageError(f"{rel(path)} is malformed: line {number} has correctness "
+                             f"{row['correctness']!r} and status {row['status']!r}; fix that line "
+                             f"or move the file aside")
+        rows.append(row)
+    return rows
+
+
+def read_frame(path=RESULTS_TSV, must_exist=False):
+    """The rows as a pandas DataFrame (what orchestrate and analysis compute on): numeric
+    columns as floats (NaN where empty), plus booleans `kept` and `timing_ok`."""
+    import pandas as pd
+    df = pd.DataFrame(read_rows(path, must_exist), columns=COLUMNS)
+    for column in NUMERIC_COLUMNS:
+        df[column] = pd.to_numeric(df[column], errors="coerce").astype(float)
+    df["kept"] = df.status.eq("keep") & df.correctness.eq("PASS")
+    df["timing_ok"] = df.timing_valid.str.lower().ne("false")
+    return df
+
+
+def setting(row) -> tuple:
+    """What makes two latencies comparable: the same tag, shape, dtype and device."""
+    return tuple(row[c] for c in SETTING_COLUMNS)
+
+
+def kept_rows(rows, key) -> list:
+    """The kept PASS rows of one setting, in file order."""
+    return [r for r in rows if r["status"] == "keep" and r["correctness"] == "PASS"
+            and setting(r) == key]
+
+
+def best_kept(rows, key):
+    """The kept row of this setting with the lowest latency (the version a candidate must beat),
+    else None. Each keep beats the kept version it was timed against, so this is also the
+    latest keep, barring noise between runs."""
+    best = None
+    for row in kept_rows(rows, key):
+        try:
+            latency = float(row["latency_us"])
+        except ValueError:
+            raise UsageError(f"results.tsv is malformed: experiment {row['experiment']} is kept "
+                             f"but its latency_us {row['latency_us']!r} is not a number; fix it")
+        if best is None or latency < float(best["latency_us"]):
+            best = row
+    return best
+
+
+# ---- writing --------------------------------------------------------------------------------
+
+def clean_text(text, limit=400) -> str:
+    """One line, no tabs or control characters: safe in a TSV cell."""
+    text = re.sub(r"[\t\r\n\x00-\x1f]+", " ", str(text)).strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def number(x, digits) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def append_row(row, path=RESULTS_TSV):
+    """Append one row (a dict over COLUMNS; missing keys are empty), with the header when the file
+    is new, and fsync it: once this returns the row survives a crash or a kill."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, "a", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        if new:
+            writer.writerow(COLUMNS)
+        writer.writerow([clean_text(row.get(c, "")) for c in COLUMNS])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_writable(path=RESULTS_TSV):
+    """Raise UsageError unless a row could be appended to path (checked before judging, so an
+    unwritable file never ends with a commit and no row)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with open(path, "a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as e:
+        raise UsageError(f"{rel(path)} is not writable ({e.strerror or e}): fix its permissions "
+                         f"or pass --results PATH")
+
+
+# ---- the keep rule --------------------------------------------------------------------------
+
+NOISE_FLOOR = 0.01  # a gain under 1% is never told apart from noise
+
+
+def keep_rule(candidate_us, kept_us):
+    """Whether a correct candidate replaces the kept version, from paired rounds (round i timed
+    both, in alternating order, on the same inputs in the same run). -> (keep, gain, noise, why).
+
+    gain = 1 - median over rounds of candidate/kept; noise = the spread (max - min) of those
+    ratios, never below NOISE_FLOOR. Keep only when gain > noise: an edit that changes nothing
+    has a median ratio inside its own spread, however the noise falls. With no kept version yet (the first
+    correct run of this tag, shape, dtype and device) the candidate is kept."""
+    if not kept_us:
+        return True, None, None, "the first correct version of this setting"
+    ratios = sorted(c / k for c, k in zip(candidate_us, kept_us) if k > 0)
+    if not ratios:
+        return False, None, None, "the kept version's time is not a number"
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    gain, noise = 1.0 - median, max(NOISE_FLOOR, ratios[-1] - ratios[0])
+    if gain > noise:
+        return True, gain, noise, f"{gain:.1%} faster than the kept version, beyond the " \
+                                  f"{noise:.1%} noise of {len(ratios)} paired rounds"
+    return False, gain, noise, f"{gain:+.1%} against the kept version is within the {noise:.1%} " \
+                               f"noise of {len(ratios)} paired rounds"

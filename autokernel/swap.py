@@ -1,0 +1,616 @@
+"""
+How a kernel gets into a model.
+
+A kernel file, loaded (Kernel), becomes a callable of its type's contract (KernelOp: the
+reference's named tensors in, an output checked against the reference's shape and dtype out).
+A Swap plugs such ops into one model for the length of a `with swap.installed(model):` block and
+records what happened: calls and shapes per kernel, fallbacks with their reasons, modules it
+could not swap. verify.py runs models with swaps; KernelOp is where a kernel file will become a
+torch custom op for compiled and exported models.
+
+The rules (SWAP_RULES, one entry per kernel type):
+  * While a kernel type is active, the torch entry points its rule handles are patched (and
+    restored on exit): F.linear, torch.addmm (transformers' Conv1D) and x @ W with a 2-D W
+    (matmul), F.scaled_dot_product_attention (causal, no mask/dropout, default scale:
+    flash_attention; GQA key/value heads are repeated), F.layer_norm (layernorm), F.softmax /
+    torch.softmax / Tensor.softmax over the last dim (softmax), F.cross_entropy (mean over 2-D
+    logits: cross_entropy), torch.sum / Tensor.sum over the last dim (reduce) and F.rms_norm.
+    Patching, not a TorchFunctionMode: a mode would tax every torch call of the forward. The
+    price: a name bound before the swap (`from torch.nn.functional import linear`) is not seen.
+  * Module swaps: RMSNorm-like modules (rmsnorm), SwiGLU MLPs with w_gate/w_up/w_down or
+    gate_proj/up_proj/down_proj (fused_mlp), models/layers.RotaryEmbedding and transformers'
+    LLaMA-style apply_rotary_pos_emb (rotary_embedding).
+  * A call whose arguments fall outside the kernel contract (an attention mask, an eps that is not
+    the contract's, GQA without enable_gqa, ...) runs the original op and is counted as a fallback
+    with its reason. A kernel that never ran during the forward is a FAILURE, not a replacement.
+  * Glue outside the kernels is torch and is counted in the timings: F.linear's and addmm's
+    bias is added after the matmul kernel, non-contiguous arguments are copied to contiguous
+    ones, cos/sin tables are sliced and cast. Weights for the matmul kernel are transposed to
+    contiguous [K, N] copies ONCE per weight (a load-time layout change, like a serving
+    engine's; weight_layout="view", verify.py's --weight-layout view, passes the strided W.t()
+    view instead, for kernels that honour strides). A copy whose rows would not be a multiple
+    of 16 bytes (GPT-2's vocabulary of 50257) gets zero columns up to the next multiple, and
+    the kernel's output is viewed back to N columns: unaligned rows rule out vector loads and
+    TMA and make a matmul like GPT-2's lm_head several times slower (torch.compile pads such
+    matmuls too; nanoGPT pads its vocabulary). The kernel is picked and reported by the
+    model's shape, N=50257.
+"""
+import contextlib
+import inspect
+import math
+import sys
+import weakref
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import handle_torch_function, has_torch_function
+
+import autokernel
+import reference
+from autokernel.cli import describe
+from autokernel.recognize import is_last_dim
+from autokernel.results import rel
+
+FALLBACK = object()  # a handler's "not mine: run the original op"
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass
+class Kernel:
+    """A loaded kernel file: its name in reports, its type, its kernel_fn, and the contract
+    shapes it declared (plan.json or BENCH_SHAPES; none = it takes every shape of its type)."""
+    name: str
+    kernel_type: str
+    file: Path
+    fn: object
+    shapes: list = field(default_factory=list)
+    optional: bool = False  # one that finds no op in the model is "unused", not a failure
+
+    @property
+    def rel_file(self):
+        return rel(self.file)
+
+
+class KernelFailure(Exception):
+    """A kernel raised or returned the wrong thing while the model ran."""
+
+    def __init__(self, kernel, message):
+        super().__init__(f"{kernel.name} ({kernel.rel_file}): {message}")
+        self.kernel, self.message = kernel, message
+
+
+class KernelOp:
+    """One kernel as a callable of its type's contract: op(shape, **tensors) calls kernel_fn and
+    checks that the output has the shape and dtype the reference gives these inputs; anything
+    else, or an exception, is a KernelFailure that names the kernel. `shape` is the contract
+    shape the call is reported under."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.ktype = autokernel.KERNEL_TYPES[kernel.kernel_type]
+        self.specs = {}  # input shapes and dtypes -> the reference's output (shape, dtype)
+
+    def __call__(self, shape, **inputs):
+        key = tuple((tuple(v.shape), v.dtype) for v in inputs.values())
+        try:
+            if key not in self.specs:
+                self.specs[key] = _output_spec(self.ktype, inputs)
+            want_shape, want_dtype = self.specs[key]
+            # Torch-function handling off for the kernel's own host work: under a mode (e.g.
+            # endtoend's loss-input recorder) every tensor access in Triton's launcher (strides,
+            # data_ptr, dtype, ...) would pay a Python round trip, ~1.7 us each.
+            with torch._C.DisableTorchFunction():
+                out = self.kernel.fn(**inputs)
+        except Exception as e:
+            raise KernelFailure(self.kernel, f"raised {describe(e)} "
+                                f"(shape {self.ktype.shape_str(shape)})") from e
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want_shape \
+                or out.dtype != want_dtype:
+            got = (f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor)
+                   else type(out).__name__)
+            raise KernelFailure(self.kernel, f"returned {got}, expected {want_shape} "
+                                f"{want_dtype} (shape {self.ktype.shape_str(shape)})")
+        return out
+
+
+def _output_spec(ktype, inputs):
+    """(shape, dtype) the reference produces for these inputs, found on the meta device."""
+    meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in inputs.items()}
+    out = ktype.eager(**meta)
+    return tuple(out.shape), out.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# The swap: which kernels are active, what they ran on, and the context that plugs them in
+# ---------------------------------------------------------------------------------------------
+
+class WeightCache:
+    """Contiguous W.t() copies [K, N_padded] for the matmul kernel, made once per weight and
+    shared by every swap of a run (so timing runs never pay for them). Rows are padded with
+    zero columns to a multiple of 16 bytes (see the module docstring)."""
+
+    def __init__(self):
+        self.copies = {}
+
+    def transposed(self, weight):
+        key = id(weight)
+        hit = self.copies.get(key)
+        if hit and hit[0]() is weight and hit[1] == weight._version:
+            return hit[2]
+        n, k = weight.shape
+        per_16_bytes = max(1, 16 // weight.element_size())
+        padded = -(-n // per_16_bytes) * per_16_bytes
+        copy = weight.new_zeros((k, padded))
+        copy[:, :n] = weight.detach().t()
+        self.copies[key] = (weakref.ref(weight), weight._version, copy)
+        return copy
+
+
+class Swap:
+    """Kernels plugged into one model: dispatch by type (and declared shape), call counts, shapes
+    seen, fallbacks with reasons, modules skipped with reasons."""
+
+    def __init__(self, kernels, weights=None, weight_layout="copy"):
+        self.kernels = list(kernels)
+        self.by_type = defaultdict(list)  # type -> its KernelOps, in the order given
+        for k in self.kernels:
+            self.by_type[k.kernel_type].append(KernelOp(k))
+        self.weights = weights or WeightCache()
+        self.weight_layout = weight_layout
+        self.busy = False  # inside a kernel_fn: its own torch calls pass straight through
+        self.ignore_index_seen = {}  # (targets shape, ignore_index) -> hit (_hits_ignore_index)
+        self.reset()
+
+    def reset(self):
+        self.calls = Counter()
+        self.shapes = defaultdict(set)
+        self.fallbacks = defaultdict(Counter)  # type -> reason -> calls
+        self.skipped = defaultdict(Counter)    # type -> reason -> modules
+        self.notes = defaultdict(set)          # type -> glue done in torch
+
+    def active(self, ktype):
+        return bool(self.by_type.get(ktype))
+
+    def fallback(self, ktype, reason):
+        self.fallbacks[ktype][reason] += 1
+        return FALLBACK
+
+    def note(self, ktype, text):
+        self.notes[ktype].add(text)
+
+    def run(self, ktype, model_shape=None, **inputs):
+        """Call the kernel for this type with the contract's arguments. Which kernel: the one
+        that declared this shape (model_shape when the inputs were padded), else the first that
+        declared no shapes (a catch-all), else the first."""
+        shape = model_shape or SWAP_RULES[ktype].contract_shape(inputs)
+        candidates = self.by_type[ktype]
+        op = next((o for o in candidates if shape in o.kernel.shapes), None) or \
+            next((o for o in candidates if not o.kernel.shapes), candidates[0])
+        busy, self.busy = self.busy, True  # the kernel's and the meta reference's torch calls
+        try:                                # pass through (a patched handler may be busy already)
+            out = op(shape, **inputs)
+        finally:
+            self.busy = busy
+        self.calls[op.kernel.name] += 1
+        self.shapes[op.kernel.name].add(op.ktype.shape_str(shape))
+        return out
+
+    @contextlib.contextmanager
+    def installed(self, model):
+        """Plug the kernels into `model` and restore everything on exit, also when the forward
+        raises. Everything is one list of (owner, attribute, replacement): the active rules'
+        torch entry points (F.linear, torch.sum, Tensor.softmax, ...), module forwards and
+        module-level patches. Only what an active rule handles is touched: no TorchFunctionMode,
+        so torch calls the kernels do not replace cost nothing extra (a mode taxed every call
+        and tensor access of the forward, ~1.7 us each, which made the model host-bound)."""
+        patches, swapped = [], set()
+        for ktype, rule in SWAP_RULES.items():
+            if self.active(ktype):
+                for (owner, attr), handler in rule.functions.items():
+                    patches.append((owner, attr, _patched(self, getattr(owner, attr), handler)))
+        for module in model.modules():
+            for ktype, rule in SWAP_RULES.items():
+                if not self.active(ktype) or id(module) in swapped:
+                    continue
+                for matcher in rule.modules:
+                    found = matcher(self, module)
+                    if isinstance(found, str):
+                        self.skipped[ktype][found] += 1
+                    elif found is not None:
+                        patches.append((module, "forward", found))
+                        swapped.add(id(module))
+                        break
+        for ktype, rule in SWAP_RULES.items():
+            if self.active(ktype):
+                for patcher in rule.patches:
+                    patches += patcher(self, model)
+        applied = []  # (owner, attr, whether owner itself held attr, the original)
+        try:
+            for owner, attr, new in patches:
+                applied.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
+                setattr(owner, attr, new)
+            yield self
+        finally:
+            for owner, attr, had_own, old in reversed(applied):
+                if had_own:
+                    setattr(owner, attr, old)
+                else:  # inherited (a class's forward, TensorBase's methods): uncover it again
+                    delattr(owner, attr)
+
+
+def _patched(swap, original, handler):
+    """`original` (a torch function or Tensor method) with the rule's handler in front: the
+    handler gets the call's arguments bound to its own signature; the original runs on FALLBACK,
+    on a call the handler's signature cannot bind, and while swap.busy."""
+    signature = inspect.signature(handler)
+    # Whether a call binds depends only on how many positional arguments it has and which
+    # keywords it names, so bind once per calling convention (Signature.bind costs ~5 us).
+    bindable = {}
+
+    def binds(args, kwargs):
+        try:
+            signature.bind(swap, *args, **kwargs)
+            return True
+        except TypeError:
+            return False
+
+    def call(*args, **kwargs):
+        if swap.busy:  # a kernel's, a handler's or a fallback's own torch calls
+            return original(*args, **kwargs)
+        relevant = args + tuple(kwargs.values()) if kwargs else args
+        if has_torch_function(relevant):
+            # An active TorchFunctionMode (endtoend's loss-input recorder) or a tensor subclass
+            # sees the call first, as it would the original's; it calls us back without itself.
+            return handle_torch_function(call, relevant, *args, **kwargs)
+        convention = (len(args), tuple(kwargs))
+        ok = bindable.get(convention)
+        if ok is None:
+            ok = bindable[convention] = binds(args, kwargs)
+        if not ok:  # a calling convention the rule does not know: leave it alone
+            return original(*args, **kwargs)
+        # Busy for the handler's glue and the fallback too: F.softmax's original calls
+        # Tensor.softmax, which must not be intercepted (and counted) a second time.
+        swap.busy = True
+        try:
+            out = handler(swap, *args, **kwargs)
+            return original(*args, **kwargs) if out is FALLBACK else out
+        finally:
+            swap.busy = False
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# Swap rules, one per kernel type. A function handler gets the intercepted call's arguments and
+# returns the result or FALLBACK (after swap.fallback(type, reason)); a module matcher returns
+# None (not its kind), a reason string (its kind, but not swappable) or a replacement forward; a
+# patcher returns [(owner, attribute, replacement)].
+# ---------------------------------------------------------------------------------------------
+
+def _rows(x):
+    """x [..., N] as the contract's contiguous [M, N]."""
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _same_eps(eps, contract):
+    return eps is not None and math.isclose(float(eps), contract, rel_tol=1e-6)
+
+
+def _linear(swap, input, weight, bias=None):
+    if input.dtype not in FLOAT_DTYPES or weight.dtype != input.dtype or weight.dim() != 2 \
+            or input.numel() == 0:
+        return swap.fallback("matmul", "dtype or shape outside the contract")
+    if bias is not None and bias.dtype != input.dtype:
+        return swap.fallback("matmul", "bias dtype differs")
+    A, N = _rows(input), weight.shape[0]
+    if swap.weight_layout == "view":
+        out = swap.run("matmul", A=A, B=weight.t())
+    else:  # [K, N] padded to 16-byte rows: the kernel computes zero columns, the view drops them
+        out = swap.run("matmul", A=A, B=swap.weights.transposed(weight),
+                       model_shape=(A.shape[0], N, A.shape[1]))[:, :N]
+    out = out.view(*input.shape[:-1], N)
+    if bias is not None:
+        swap.note("matmul", "F.linear bias added in torch after the kernel")
+        out = out + bias
+    return out
+
+
+def _addmm(swap, input, mat1, mat2, *, beta=1, alpha=1):
+    """torch.addmm(bias, x, W): transformers' Conv1D (GPT-2) projections, W already [K, N]."""
+    if beta != 1 or alpha != 1 or mat1.dim() != 2 or mat2.dim() != 2 \
+            or mat1.dtype not in FLOAT_DTYPES or mat2.dtype != mat1.dtype \
+            or input.dtype != mat1.dtype:
+        return swap.fallback("matmul", "addmm outside the contract")
+    swap.note("matmul", "addmm bias added in torch after the kernel")
+    return swap.run("matmul", A=mat1.contiguous(), B=mat2.contiguous()) + input
+
+
+def _matmul(swap, input, other):
+    """x @ W with a 2-D right operand; batched products (attention scores) stay torch."""
+    if not isinstance(input, torch.Tensor) or not isinstance(other, torch.Tensor) \
+            or other.dim() != 2 or input.dim() < 1:
+        return swap.fallback("matmul", "batched or vector matmul")
+    if input.dtype not in FLOAT_DTYPES or other.dtype != input.dtype or input.numel() == 0:
+        return swap.fallback("matmul", "dtype or shape outside the contract")
+    out = swap.run("matmul", A=_rows(input), B=other.contiguous())
+    return out.view(*input.shape[:-1], other.shape[1])
+
+
+def _sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    reason = None
+    if attn_mask is not None:
+        reason = "attention mask"
+    elif dropout_p:
+        reason = "dropout"
+    elif not is_causal:
+        reason = "not causal"
+    elif query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        reason = "not [B, H, S, D]"
+    elif query.shape[2] != key.shape[2] or value.shape != key.shape \
+            or query.shape[-1] != key.shape[-1] or query.shape[0] != key.shape[0]:
+        reason = "query/key/value shapes differ"
+    elif scale is not None and not math.isclose(scale, query.shape[-1] ** -0.5, rel_tol=1e-6):
+        reason = "non-default scale"
+    elif query.dtype not in FLOAT_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        reason = "dtype outside the contract"
+    elif key.shape[1] != query.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):
+        reason = "head counts differ"
+    if reason:
+        return swap.fallback("flash_attention", reason)
+    if key.shape[1] != query.shape[1]:
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        swap.note("flash_attention", "GQA: key/value heads repeated in torch")
+    return swap.run("flash_attention", Q=query.contiguous(), K=key.contiguous(),
+                    V=value.contiguous())
+
+
+def _layer_norm(swap, input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) \
+        else (normalized_shape,)
+    if not _same_eps(eps, reference.LAYERNORM_EPS):
+        return swap.fallback("layernorm", f"eps {eps:g} != contract {reference.LAYERNORM_EPS:g}")
+    if weight is None or bias is None:
+        return swap.fallback("layernorm", "no weight or bias")
+    if len(shape) != 1 or shape[0] != input.shape[-1] or input.dtype not in FLOAT_DTYPES \
+            or weight.dtype != input.dtype or bias.dtype != input.dtype:
+        return swap.fallback("layernorm", "shape or dtype outside the contract")
+    return swap.run("layernorm", x=_rows(input), weight=weight, bias=bias).view(input.shape)
+
+
+def _rms_norm(swap, input, normalized_shape, weight=None, eps=None):
+    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) \
+        else (normalized_shape,)
+    if not _same_eps(eps, reference.RMSNORM_EPS):
+        return swap.fallback("rmsnorm", f"eps {eps} != contract {reference.RMSNORM_EPS:g}")
+    if weight is None or len(shape) != 1 or shape[0] != input.shape[-1] \
+            or input.dtype not in FLOAT_DTYPES or weight.dtype != input.dtype:
+        return swap.fallback("rmsnorm", "shape, weight or dtype outside the contract")
+    return swap.run("rmsnorm", x=_rows(input), weight=weight).view(input.shape)
+
+
+def _last_dim_input(swap, ktype, input, dim, dtype):
+    """The input of a last-dim op (softmax, sum) cast to its dtype= argument, or FALLBACK."""
+    if not isinstance(input, torch.Tensor) or input.dim() == 0 or not is_last_dim(dim, input.dim()):
+        return swap.fallback(ktype, "not over the last dim")
+    if dtype is not None and dtype != input.dtype:
+        input = input.to(dtype)
+        swap.note(ktype, "dtype= argument: input cast in torch")
+    if input.dtype not in FLOAT_DTYPES or input.numel() == 0:
+        return swap.fallback(ktype, "dtype outside the contract")
+    return input
+
+
+def _softmax_common(swap, input, dim, dtype):
+    input = _last_dim_input(swap, "softmax", input, dim, dtype)
+    if input is FALLBACK:
+        return FALLBACK
+    return swap.run("softmax", x=_rows(input)).view(input.shape)
+
+
+def _softmax_functional(swap, input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax_common(swap, input, dim, dtype)
+
+
+def _softmax_torch(swap, input, dim, dtype=None):
+    return _softmax_common(swap, input, dim, dtype)
+
+
+def _hits_ignore_index(swap, target, ignore_index):
+    """Whether a target is ignore_index (the contract has none). Reading that back syncs, which a
+    CUDA graph capture forbids: there the answer of the warm-up forwards just before it (same
+    inputs, same shapes) is reused, and with none the call falls back to torch."""
+    key = (tuple(target.shape), ignore_index)
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return swap.ignore_index_seen.get(key, True)
+    hit = bool((target == ignore_index).any())
+    swap.ignore_index_seen[key] = swap.ignore_index_seen.get(key, False) or hit
+    return hit
+
+
+def _cross_entropy(swap, input, target, weight=None, size_average=None, ignore_index=-100,
+                   reduce=None, reduction="mean", label_smoothing=0.0):
+    reason = None
+    if weight is not None or size_average is not None or reduce is not None \
+            or reduction != "mean" or label_smoothing:
+        reason = "not a plain mean loss"
+    elif input.dim() != 2 or target.dim() != 1 or target.dtype != torch.int64 \
+            or input.dtype not in FLOAT_DTYPES:
+        reason = "not 2-D logits with 1-D int64 targets"
+    elif _hits_ignore_index(swap, target, ignore_index):
+        reason = "targets hit ignore_index"
+    if reason:
+        return swap.fallback("cross_entropy", reason)
+    loss = swap.run("cross_entropy", logits=input.contiguous(), targets=target.contiguous())
+    return loss.to(input.dtype)  # F.cross_entropy returns the logits' dtype
+
+
+def _sum(swap, input, dim=None, keepdim=False, *, dtype=None):
+    input = _last_dim_input(swap, "reduce", input, dim, dtype)
+    if input is FALLBACK:
+        return FALLBACK
+    out = swap.run("reduce", x=_rows(input)).view(input.shape[:-1])
+    return out.unsqueeze(-1) if keepdim else out
+
+
+def _rmsnorm_module(swap, module):
+    if "RMSNorm" not in type(module).__name__:
+        return None
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        return "skipped: no 1-D weight"
+    if not _same_eps(eps, reference.RMSNORM_EPS):
+        return f"skipped: eps {eps} != contract {reference.RMSNORM_EPS:g}"
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or x.dtype != weight.dtype or x.shape[-1] != weight.shape[0]:
+            swap.fallback("rmsnorm", "input dtype differs from the weight's")
+            return original(x, *args, **kwargs)
+        return swap.run("rmsnorm", x=_rows(x), weight=weight).view(x.shape)
+    return forward
+
+
+def _swiglu_module(swap, module):
+    names = next((n for n in (("w_gate", "w_up", "w_down"), ("gate_proj", "up_proj", "down_proj"))
+                  if all(hasattr(module, a) for a in n)), None)
+    if names is None:
+        return None
+    gate, up, down = (getattr(module, a) for a in names)
+    if not all(isinstance(m, nn.Linear) for m in (gate, up, down)):
+        return None
+    if any(m.bias is not None for m in (gate, up, down)):
+        return "skipped: projections have a bias"
+    act = getattr(module, "act_fn", getattr(module, "act", None))
+    is_silu = (act is None and "SwiGLU" in type(module).__name__) or \
+        (act is not None and (isinstance(act, nn.SiLU) or "SiLU" in type(act).__name__))
+    if not is_silu:
+        return "skipped: activation is not SiLU"
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        w = gate.weight
+        if args or kwargs or x.dtype != w.dtype or x.dtype not in FLOAT_DTYPES:
+            swap.fallback("fused_mlp", "dtype outside the contract")
+            return original(x, *args, **kwargs)
+        out = swap.run("fused_mlp", x=_rows(x), w_gate=w, w_up=up.weight, w_down=down.weight)
+        return out.view(*x.shape[:-1], down.weight.shape[0])
+    return forward
+
+
+def _rotary_module(swap, module):
+    """models/layers.RotaryEmbedding: real cos/sin buffers [max_seq, D/2], forward(x, offset)."""
+    cos, sin = getattr(module, "cos", None), getattr(module, "sin", None)
+    if "RotaryEmbedding" not in type(module).__name__ or not isinstance(cos, torch.Tensor) \
+            or not isinstance(sin, torch.Tensor):
+        return None
+    if cos.dim() != 2 or cos.shape != sin.shape:
+        return "skipped: cos/sin tables are not [max_seq, D/2]"
+    original = module.forward
+    tables = {}
+
+    def forward(x, offset=0):
+        S, D = x.shape[-2], x.shape[-1]
+        if x.dim() != 4 or D != 2 * module.cos.shape[1] or offset + S > module.cos.shape[0] \
+                or x.dtype not in FLOAT_DTYPES:
+            swap.fallback("rotary_embedding", "shape or dtype outside the contract")
+            return original(x, offset)
+        key = (offset, S, x.dtype, module.cos.data_ptr())
+        if key not in tables:  # the slice and cast, once per (offset, length, dtype)
+            tables[key] = tuple(t[offset:offset + S].to(x.dtype).contiguous()
+                                for t in (module.cos, module.sin))
+        c, s = tables[key]
+        return swap.run("rotary_embedding", x=x.contiguous(), cos=c, sin=s)
+    return forward
+
+
+class _HalfTables:
+    """transformers' cos/sin are [B, S, D] with the [S, D/2] table duplicated along the last dim
+    and repeated over the batch. Check that once per table object and keep the [S, D/2] halves."""
+
+    def __init__(self):
+        self.cache = {}
+
+    def get(self, cos, sin, dtype):
+        hit = self.cache.get(id(cos))
+        if hit and hit[0]() is cos and hit[1]() is sin:
+            return hit[2]
+        halves = None
+        if cos.dim() in (2, 3) and cos.shape == sin.shape and cos.shape[-1] % 2 == 0:
+            c, s = (t.reshape(-1, *t.shape[-2:]) for t in (cos, sin))
+            h = c.shape[-1] // 2
+            if all(torch.equal(t[..., :h], t[..., h:]) and torch.equal(t, t[:1].expand_as(t))
+                   for t in (c, s)):
+                halves = tuple(t[0, :, :h].to(dtype).contiguous() for t in (c, s))
+        self.cache[id(cos)] = (weakref.ref(cos), weakref.ref(sin), halves)
+        return halves
+
+
+def _hf_rotary_patches(swap, model):
+    """Patch apply_rotary_pos_emb in the transformers modules the model's classes come from
+    (LLaMA and the models that copy its half-split rotate_half), restored on exit."""
+    owners = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    owners = [o for o in owners if o is not None and o.__name__.startswith("transformers.")
+              and callable(getattr(o, "apply_rotary_pos_emb", None)) and hasattr(o, "rotate_half")]
+    patches = []
+    for owner in owners:
+        original, tables = owner.apply_rotary_pos_emb, _HalfTables()
+
+        def apply_rotary_pos_emb(q, k, cos, sin, *args, _original=original, _tables=tables,
+                                 **kwargs):
+            unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
+            usable = not args and set(kwargs) <= {"unsqueeze_dim"} and unsqueeze_dim == 1 \
+                and q.dim() == 4 and k.dim() == 4 and q.dtype in FLOAT_DTYPES \
+                and k.dtype == q.dtype and q.shape[-1] == cos.shape[-1] \
+                and q.shape[-2] == cos.shape[-2] and k.shape[-2] == cos.shape[-2]
+            halves = _tables.get(cos, sin, q.dtype) if usable else None
+            if halves is None:
+                swap.fallback("rotary_embedding", "cos/sin not the shared half-duplicated tables")
+                return _original(q, k, cos, sin, *args, **kwargs)
+            c, s = halves
+            return (swap.run("rotary_embedding", x=q.contiguous(), cos=c, sin=s),
+                    swap.run("rotary_embedding", x=k.contiguous(), cos=c, sin=s))
+        patches.append((owner, "apply_rotary_pos_emb", apply_rotary_pos_emb))
+    return patches
+
+
+def _first_arg_shape(inputs):
+    return tuple(next(iter(inputs.values())).shape)
+
+
+@dataclass(frozen=True)
+class SwapRule:
+    # (owner, attribute) -> handler. Model code looks these up at call time (F.linear(...),
+    # x.sum(-1), x @ W), so Swap.installed patches exactly them while the rule's type is active.
+    functions: dict = field(default_factory=dict)
+    modules: tuple = ()                            # module matchers
+    patches: tuple = ()                            # module-attribute patchers
+    contract_shape: object = _first_arg_shape      # {arg: tensor} -> the type's shape tuple
+
+
+T = torch.Tensor
+SWAP_RULES = {
+    "matmul": SwapRule(functions={(F, "linear"): _linear, (torch, "addmm"): _addmm,
+                                  (torch, "matmul"): _matmul, (T, "matmul"): _matmul,
+                                  (T, "__matmul__"): _matmul},  # x @ W
+                       contract_shape=lambda t: (t["A"].shape[0], t["B"].shape[1],
+                                                 t["A"].shape[1])),
+    "softmax": SwapRule(functions={(F, "softmax"): _softmax_functional,
+                                   (torch, "softmax"): _softmax_torch,
+                                   (T, "softmax"): _softmax_torch}),
+    "layernorm": SwapRule(functions={(F, "layer_norm"): _layer_norm}),
+    "rmsnorm": SwapRule(functions={(F, "rms_norm"): _rms_norm}, modules=(_rmsnorm_module,)),
+    "flash_attention": SwapRule(functions={(F, "scaled_dot_product_attention"): _sdpa}),
+    "fused_mlp": SwapRule(modules=(_swiglu_module,),
+                          contract_shape=lambda t: (t["x"].shape[0], t["x"].shape[1],
+                                                    t["w_gate"].shape[0])),
+    "cross_entropy": SwapRule(functions={(F, "cross_entropy"): _cross_entropy}),
+    "rotary_embedding": SwapRule(modules=(_rotary_module,), patches=(_hf_rotary_patches,)),
+    "reduce": SwapRule(functions={(torch, "sum"): _sum, (T, "sum"): _sum}),
+}
+assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)

@@ -1,0 +1,330 @@
+"""
+From the model flags to a model: --model FILE (a models/ file, your own, or a KernelBench
+problem), or --module transformers --hf-config NAME_OR_PATH, built in the --dtype on the
+--device, with the inputs of --input-shape. profile.py, verify.py and any later tool load models
+through here, so the flags mean the same everywhere and profile.json can record them
+(model_args) for verify.py to rebuild the same model.
+
+    parser = argparse.ArgumentParser(); add_model_args(parser); args = parser.parse_args()
+    model, inputs, description = load_model(args)   # UsageError (exit 2) or ModelError (exit 1)
+"""
+import argparse
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+
+import autokernel  # first: CPU-mode setup and the stdlib `profile` fix
+from autokernel import ROOT
+from autokernel.cli import UsageError, describe
+from autokernel.contract import load_module
+
+import torch
+
+DEFAULT_MODEL = autokernel.MODELS_DIR / "llama.py"
+CPU_INPUT_SHAPE = (1, 32)   # token models on a CPU: small enough that the default run is seconds
+
+
+class ModelError(UsageError):
+    """The model itself failed (import, construction or forward raised): exit code 1."""
+
+    def __init__(self, message):
+        super().__init__(message, code=1)
+
+
+# Tiny transformers configs built offline (no hub download): name -> (config class, kwargs).
+HF_TINY = {
+    "tiny-llama": ("LlamaConfig", dict(hidden_size=128, intermediate_size=344,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=2048,
+                                       max_position_embeddings=512)),
+    "tiny-gpt2": ("GPT2Config", dict(n_embd=128, n_layer=2, n_head=4, vocab_size=2048,
+                                     n_positions=512)),
+    "tiny-bert": ("BertConfig", dict(hidden_size=128, intermediate_size=512,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     vocab_size=2048, max_position_embeddings=512)),
+}
+
+
+# The model flags: (flag, add_argument keywords). Every tool that loads a model takes these.
+FLAGS = (
+    ("--model", dict(metavar="FILE", help=f"model file (default: "
+                     f"{DEFAULT_MODEL.relative_to(ROOT)}); a models/ file, your own (see "
+                     "models/custom.py) or a KernelBench file")),
+    ("--class-name", dict(help="nn.Module class in FILE (default: Model)")),
+    ("--config", dict(help="config preset from the file's CONFIGS, e.g. llama compact|7b")),
+    ("--module", dict(choices=["transformers"], help="build a transformers model instead of a "
+                      "file (needs the hf extra)")),
+    ("--hf-config", dict(metavar="NAME_OR_PATH", help="with --module transformers: a local "
+                         "config.json, a local model directory, or a built-in tiny config: "
+                         + ", ".join(HF_TINY))),
+    ("--input-shape", dict(metavar="BxS", help="batch x sequence for token models, e.g. 8x1024 "
+                           "(default: the model's DEFAULT_INPUT_SHAPE on a GPU, "
+                           f"{CPU_INPUT_SHAPE[0]}x{CPU_INPUT_SHAPE[1]} on a CPU); KernelBench "
+                           "files: get_inputs() decides")),
+    ("--dtype", dict(help="fp16 | bf16 | fp32 (default: fp16 on a GPU, fp32 on a CPU)")),
+    ("--device", dict(help="cuda | cpu (default: cuda when available)")),
+)
+# Their argparse names (args.input_shape, ...), as profile.json's model_args records them.
+MODEL_FLAGS = tuple(flag[2:].replace("-", "_") for flag, _ in FLAGS)
+
+
+def add_model_args(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("model")
+    for flag, kwargs in FLAGS:
+        group.add_argument(flag, default=None, **kwargs)
+    return parser
+
+
+def model_args(args) -> dict:
+    """The model flags as given (None = default), as profile.json records them."""
+    return {name: getattr(args, name) for name in MODEL_FLAGS}
+
+
+def load_model(args):
+    """(model in eval mode on the device and dtype, inputs tuple, description) from the shared
+    flags (add_model_args). Raises UsageError for bad flags, ModelError when the model fails."""
+    device, dtype = device_and_dtype(args)
+    if args.module == "transformers":
+        return _load_hf_model(args, device, dtype)
+    if args.hf_config:
+        raise UsageError("--hf-config needs --module transformers")
+    return _load_file_model(args, device, dtype)
+
+
+def parse_input_shape(text):
+    try:
+        dims = tuple(int(d) for d in text.lower().replace("*", "x").split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 2 or min(dims) < 1:
+        raise UsageError(f"bad --input-shape {text!r}: use BATCHxSEQ, e.g. 8x1024")
+    return dims
+
+
+def device_and_dtype(args):
+    """(torch.device, torch.dtype) from --device and --dtype, with the defaults for this box."""
+    device = args.device or autokernel.DEVICE
+    if device.split(":")[0] not in ("cuda", "cpu"):
+        raise UsageError(f"unknown --device {device!r}: use cuda or cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no CUDA GPU is visible: use --device cpu")
+    try:
+        dtype = autokernel.parse_dtype(args.dtype or ("fp16" if device.startswith("cuda")
+                                                      else "fp32"))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return torch.device(device), dtype
+
+
+def _import_file(path):
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"model file {path} not found: pass --model FILE (a .py file)")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # model files import models.layers
+    try:
+        return load_module(path)
+    except Exception as e:
+        raise ModelError(f"could not import {path}: {describe(e)}") from None
+
+
+def _memory_check(model_on_meta, dtype, device, what):
+    """Refuse, with the numbers, to allocate a model that can't fit (7B on a small box)."""
+    need = sum(p.numel() for p in model_on_meta.parameters()) * dtype.itemsize
+    if device.type == "cuda":
+        have = torch.cuda.mem_get_info(device)[0]
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    if need > 0.9 * have:
+        raise UsageError(f"{what} needs {need / 2**30:.1f} GiB of weights in "
+                         f"{autokernel.DTYPE_NAMES[dtype]} but {device.type} has "
+                         f"{have / 2**30:.1f} GiB free: use a smaller --config or a GPU")
+
+
+def _build(factory, dtype, device, what):
+    """Construct on the meta device first (free) to check the size, then for real, directly in
+    the target dtype and device (no fp32 copy of a 7B model)."""
+    try:
+        with torch.device("meta"):
+            meta = factory()
+    except Exception:
+        meta = None  # a model that can't be built on meta is checked only by building it
+    if meta is not None:
+        _memory_check(meta, dtype, device, what)
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            model = factory()
+        return model.to(device=device, dtype=dtype).eval()
+    except UsageError:
+        raise
+    except Exception as e:
+        raise ModelError(f"building {what} raised {describe(e)}") from None
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _load_file_model(args, device, dtype):
+    path = Path(args.model) if args.model else DEFAULT_MODEL
+    module = _import_file(path)
+    cls = _model_class(module, path, args.class_name or "Model")
+    shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    what = f"{shown} {cls.__name__}"
+    if hasattr(module, "get_init_inputs"):  # KernelBench: Model(*get_init_inputs()), get_inputs()
+        return _load_kernelbench(module, cls, args, device, dtype, what)
+
+    batch, seq = _input_shape(args, device, module)  # bad shapes fail before any allocation
+    model, config, what = _build_configured(module, cls, args, seq, dtype, device, shown, what)
+    get_inputs = getattr(module, "get_inputs", None)
+    if get_inputs is None:
+        raise UsageError(f"{shown} has no get_inputs(batch, seq, device): add one "
+                         "(see models/custom.py)")
+    try:
+        kwargs = {"config": config} if config is not None and _takes(get_inputs, "config") else {}
+        inputs = tuple(get_inputs(batch, seq, device=device, **kwargs))
+    except Exception as e:
+        raise ModelError(f"{shown} get_inputs raised {describe(e)}") from None
+    return model, inputs, f"{what} ({_params(model)})"
+
+
+def _model_class(module, path, name):
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        found = sorted(n for n, v in vars(module).items() if isinstance(v, type)
+                       and issubclass(v, torch.nn.Module) and v.__module__ == module.__name__)
+        raise UsageError(f"{path} has no nn.Module class {name!r}: pass --class-name, one of "
+                         f"{', '.join(found) or '(none defined)'}")
+    return cls
+
+
+def _build_configured(module, cls, args, seq, dtype, device, shown, what):
+    """(model, config or None, description): cls(CONFIGS[--config]) when the file has CONFIGS
+    (the first one by default), else cls()."""
+    configs = getattr(module, "CONFIGS", None)
+    if not configs:
+        if args.config:
+            raise UsageError(f"{shown} has no CONFIGS, so --config {args.config!r} means nothing")
+        return _build(cls, dtype, device, what), None, what
+    config_name = args.config or next(iter(configs))
+    if config_name not in configs:
+        raise UsageError(f"unknown --config {config_name!r} for {shown}: use one of "
+                         f"{', '.join(configs)}")
+    config = configs[config_name]
+    max_seq = getattr(config, "max_seq", None)
+    if max_seq and seq > max_seq:
+        raise UsageError(f"--input-shape sequence {seq} exceeds {what} "
+                         f"config={config_name}'s max_seq {max_seq}")
+    what = f"{what} config={config_name}"
+    return _build(lambda: cls(config), dtype, device, what), config, what
+
+
+def _load_kernelbench(module, cls, args, device, dtype, what):
+    """A KernelBench problem: Model(*get_init_inputs()) run on get_inputs(), which decide the
+    shapes; floating-point inputs are cast to --dtype."""
+    if args.input_shape:
+        print("profile: note: --input-shape ignored, a KernelBench file's get_inputs() "
+              "decides", file=sys.stderr)
+    try:
+        init_args = module.get_init_inputs()
+        model = _build(lambda: cls(*init_args), dtype, device, what)
+        inputs = module.get_inputs()
+    except UsageError:
+        raise
+    except Exception as e:
+        raise ModelError(f"{what}: get_init_inputs/get_inputs raised {describe(e)}") \
+            from None
+    inputs = tuple(t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                   if torch.is_tensor(t) else t for t in inputs)
+    return model, inputs, f"{what} (KernelBench, {_params(model)})"
+
+
+def _takes(fn, name):
+    return name in inspect.signature(fn).parameters
+
+
+def _input_shape(args, device, module=None):
+    if args.input_shape:
+        return parse_input_shape(args.input_shape)
+    if device.type == "cuda":
+        return tuple(getattr(module, "DEFAULT_INPUT_SHAPE", (8, 1024)))
+    return CPU_INPUT_SHAPE
+
+
+def _params(model):
+    n = sum(p.numel() for p in model.parameters())
+    return (f"{n / 1e9:.2f}B params" if n >= 1e9 else f"{n / 1e6:.1f}M params" if n >= 1e6
+            else f"{n:,} params")
+
+
+class HFLogits(torch.nn.Module):
+    """A transformers model whose forward takes token ids and returns logits (as ours do)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        kwargs = {"use_cache": False} if getattr(self.model.config, "is_decoder", True) else {}
+        return self.model(input_ids=input_ids, **kwargs).logits
+
+
+def _load_hf_model(args, device, dtype):
+    if not args.hf_config:
+        raise UsageError("--module transformers needs --hf-config NAME_OR_PATH (a local "
+                         f"config.json or model directory, or one of {', '.join(HF_TINY)})")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--module transformers needs the transformers package: "
+                         "uv sync --extra hf") from None
+    source = args.hf_config
+    path = Path(source)
+    pretrained = path.is_dir() and any((path / f).exists() for f in
+                                       ("model.safetensors", "pytorch_model.bin",
+                                        "model.safetensors.index.json"))
+    config = _hf_config(transformers, source, path)
+    config._attn_implementation = "sdpa"
+    auto = (transformers.AutoModelForMaskedLM if config.model_type in ("bert", "roberta",
+                                                                       "distilbert")
+            else transformers.AutoModelForCausalLM)
+    what = f"transformers {config.model_type} ({source})"
+    if pretrained:
+        try:
+            model = auto.from_pretrained(str(path)).to(device=device, dtype=dtype).eval()
+        except Exception as e:
+            raise ModelError(f"loading {what} raised {describe(e)}") from None
+    else:
+        model = _build(lambda: auto.from_config(config), dtype, device, what)
+    model = HFLogits(model).eval()
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions",
+                                                                        None)
+    batch, seq = _input_shape(args, device)
+    if not args.input_shape and limit:
+        seq = min(seq, limit)  # the default shape fits the model's positions
+    if limit and seq > limit:
+        raise UsageError(f"--input-shape sequence {seq} exceeds {what}'s {limit} positions")
+    inputs = (torch.randint(0, config.vocab_size, (batch, seq), device=device),)
+    return model, inputs, f"{what} ({_params(model)})"
+
+
+def _hf_config(transformers, source, path):
+    """The transformers config --hf-config names: a built-in tiny one, a config.json, or a local
+    model directory (never the hub: offline)."""
+    try:
+        if source in HF_TINY:
+            cls_name, kwargs = HF_TINY[source]
+            return getattr(transformers, cls_name)(**kwargs)
+        if path.is_file():  # a bare config.json
+            fields = json.loads(path.read_text())
+            return transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+        if path.is_dir():
+            return transformers.AutoConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise UsageError(f"could not read --hf-config {source!r}: {describe(e)}") from None
+    raise UsageError(f"--hf-config {source!r} is neither a local path nor a built-in "
+                     f"tiny config ({', '.join(HF_TINY)}); hub names can't be "
+                     "downloaded offline: pass a local config.json or directory")

@@ -1,0 +1,113 @@
+"""autokernel.swap on the CPU: plugging kernels into a model patches exactly the entry points of
+the active kernel types, restores every one of them on exit (also when the forward raises), and
+never reads a tensor back while a CUDA graph is being captured. The kernels are the small ones in
+tests/kernels_for_verify/; what the swapped models compute is tested through verify.py
+(test_verify.py)."""
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import verify
+from autokernel.endtoend import forward
+from autokernel.swap import SWAP_RULES, Swap, _hits_ignore_index
+from models import llama
+
+KDIR = Path(__file__).resolve().parent / "kernels_for_verify"
+TINY_LLAMA = llama.LLaMAConfig(vocab_size=256, max_seq=64, n_layer=1, n_head=2, dim=64, hidden=128)
+
+
+def kernels(*names):
+    return [verify.load_kernel(KDIR / f"{n}.py") for n in names]
+
+
+# ---- installing and restoring the patches ---------------------------------------------------
+
+ALL_TYPES = ("matmul", "softmax", "layernorm", "rmsnorm", "flash_attention", "fused_mlp",
+             "cross_entropy", "rotary_embedding", "reduce")
+
+
+def entry_points():
+    """Every attribute a swap rule patches: (the object there now, whether the owner holds it
+    itself rather than inheriting it, as torch.Tensor does TensorBase's methods)."""
+    return {(owner, attr): (getattr(owner, attr), attr in vars(owner))
+            for rule in SWAP_RULES.values() for owner, attr in rule.functions}
+
+
+def assert_restored(before, model):
+    for (owner, attr), (obj, own) in entry_points().items():
+        assert obj is before[(owner, attr)][0], (owner, attr)
+        assert own == before[(owner, attr)][1], (owner, attr)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+class RaisesAfterForward(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, idx):
+        self.inner(idx)
+        raise RuntimeError("boom after the kernels ran")
+
+
+def test_installed_restores_every_patch_on_exit_and_on_exception():
+    torch.manual_seed(0)
+    model = llama.LLaMA(TINY_LLAMA).eval()
+    before = entry_points()
+    swap = Swap(kernels(*ALL_TYPES))
+    with swap.installed(model):
+        assert all(getattr(o, a) is not before[(o, a)][0] for o, a in before)  # really patched
+        assert any("forward" in vars(m) for m in model.modules())
+        forward(model, llama.get_inputs(1, 8, config=TINY_LLAMA))
+    assert sum(swap.calls.values()) > 0
+    assert_restored(before, model)
+
+    boom = RaisesAfterForward(model)
+    swap = Swap(kernels(*ALL_TYPES))
+    run, error = verify.run_swapped(boom, llama.get_inputs(1, 8, config=TINY_LLAMA), swap)
+    assert run is None and "boom after the kernels ran" in error
+    assert swap.calls["matmul"] > 0  # the patches were in when it raised
+    assert_restored(before, boom)
+
+
+def test_only_active_types_are_patched_and_no_mode_taxes_the_forward():
+    """A model swapping only layernorm runs with no TorchFunctionMode and every other entry
+    point (F.linear, Tensor.sum, x @ W, ...) untouched."""
+    seen = {}
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = nn.LayerNorm(32), nn.Linear(32, 32)
+
+        def forward(self, x):
+            seen["mode"] = torch._C._is_torch_function_mode_enabled()
+            seen["patched"] = {(o, a) for o, a in before if getattr(o, a) is not before[(o, a)][0]}
+            return self.proj(self.norm(x)).softmax(-1).sum(-1)
+
+    before = entry_points()
+    model, swap = Probe(), Swap(kernels("layernorm"))
+    with swap.installed(model):
+        model(torch.randn(2, 4, 32))
+    assert swap.calls["layernorm"] == 1
+    assert seen == {"mode": False, "patched": {(F, "layer_norm")}}
+
+
+def test_ignore_index_check_never_reads_back_during_graph_capture(monkeypatch):
+    """Capturing a CUDA graph forbids the read-back: the warm-up's answer for that targets
+    shape is reused, and an unseen shape falls back to torch."""
+    clean, with_hit = Swap([]), Swap([])
+    assert not _hits_ignore_index(clean, torch.tensor([1, 2, 3]), -100)
+    assert _hits_ignore_index(with_hit, torch.tensor([1, -100, 3]), -100)
+    assert not _hits_ignore_index(with_hit, torch.tensor([1, 2, 3]), -100)  # a later call
+
+    def no_read_back(*args, **kwargs):
+        raise AssertionError("read back during a capture")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "any", no_read_back)
+    assert not _hits_ignore_index(clean, torch.tensor([4, 5, 6]), -100)
+    assert _hits_ignore_index(with_hit, torch.tensor([4, 5, 6]), -100)  # seen at warm-up
+    assert _hits_ignore_index(clean, torch.tensor([4, 5]), -100)        # never seen
