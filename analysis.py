@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import autokernel as ak
-from autokernel import night
+from autokernel import night, regate
 from autokernel.cli import UsageError, run_main
 from autokernel.results import read_rows, rel
 from autokernel.workspace import read_plan
@@ -43,8 +43,12 @@ def main(argv=None):
     if not rows:
         raise UsageError(f"{args.results} has a header but no experiments yet: run "
                          f"`uv run bench.py` first")
+    unbacked = {row["experiment"]: why for row, why in regate.unbacked_keeps(rows)}
     if args.last is not None:
-        print(night.table(last_rows(rows, args.last), left=("tag", "description", "reason")))
+        shown = last_rows(rows, args.last, unbacked)
+        print(night.table(shown, left=("tag", "description", "reason")))
+        warn_unbacked({line["exp"]: unbacked[line["exp"]] for line in shown
+                       if line["exp"] in unbacked})
         return
     plan_path = Path(args.plan) if args.plan else ak.PLAN_JSON
     plan = read_plan(plan_path) if args.plan or plan_path.exists() else None
@@ -56,14 +60,27 @@ def main(argv=None):
         print(f"projected model speedup: {projection:.3f}x (Amdahl over plan.json's shares)")
     if not all(map(night.timing_ok, rows)):
         print("timings: CPU interpreter, not meaningful")
+    warn_unbacked(unbacked)
     plot(rows, plan, projection, args.out)
     print(f"wrote {args.out}")
 
 
-def last_rows(rows, n):
-    """The last n rows, the columns that say what was tried and what bench.py decided."""
-    return [{short: r[column] or "-" for column, short in LAST_COLUMNS.items()}
-            for r in rows[-n:] if n > 0]
+def last_rows(rows, n, unbacked=()):
+    """The last n rows, the columns that say what was tried and what bench.py decided; a kept
+    row that git does not back shows as `keep!`."""
+    table = [{short: r[column] or "-" for column, short in LAST_COLUMNS.items()}
+             for r in rows[-n:] if n > 0]
+    for line in table:
+        if line["exp"] in unbacked:
+            line["status"] = "keep!"
+    return table
+
+
+def warn_unbacked(unbacked):
+    """Kept rows whose commit is gone or holds other bytes: a forged or rewritten history."""
+    for experiment, why in unbacked.items():
+        print(f"warning: experiment {experiment} is marked kept but {why}: do not trust it "
+              f"(verify.py re-gates every kernel it plugs in)", file=sys.stderr)
 
 
 def kernel_order(rows, plan):

@@ -19,7 +19,7 @@ eager / compile / library, and the goal per row) and writes it to --out (.md) pl
 data as JSON (.json beside it). On a CPU it runs the tiny CPU shapes through Triton's interpreter
 without torch.compile: a test of the plumbing, not a benchmark.
 """
-import autokernel  # first: loads the stdlib `profile` before our profile.py can shadow it
+import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 
 import argparse
 import json

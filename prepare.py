@@ -9,7 +9,7 @@ One-time setup: detect the GPU, measure its ceilings, time the PyTorch baselines
 What is measured, how, and the cache's format (workspace/prepare.json): autokernel/baselines.py,
 which bench.py and bench_starters.py read the same cache through.
 """
-import autokernel  # first: loads the stdlib `profile` before our profile.py can shadow it
+import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 
 import argparse
 import sys

@@ -57,7 +57,7 @@ import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 
-import autokernel  # first: CPU-mode setup and the stdlib `profile` fix
+import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 from autokernel import KERNEL_TYPES
 
 import torch
@@ -256,15 +256,22 @@ def profile_model(model, inputs, device, dtype, warmup, iters):
     """Time the forward without the profiler, then profile it. Returns the result dict
     (profile.json's fields other than model/model_args)."""
     on_gpu = device.type == "cuda"
+    began = time.perf_counter()
+
+    def step(what):  # a long profile shows where it is
+        print(f"  {what} ({time.perf_counter() - began:.1f} s elapsed)", flush=True)
+
     with torch.inference_mode():
         for _ in range(warmup):
             run_forward(model, inputs)
         _sync(device)
+        step(f"1/3 {warmup} warm-up forwards done")
         start = time.perf_counter()
         for _ in range(iters):
             run_forward(model, inputs)
         _sync(device)
         wall_us = (time.perf_counter() - start) * 1e6 / iters
+        step(f"2/3 {iters} timed forwards done; profiling {iters} more")
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         prof = torch.profiler.profile(activities=activities, record_shapes=True)
@@ -278,6 +285,7 @@ def profile_model(model, inputs, device, dtype, warmup, iters):
             finally:
                 with _quiet_kineto(not on_gpu):
                     prof.stop()
+    step("3/3 profiled; attributing op time")
     anchors, unattributed, total = attribute(prof.events(), on_gpu)
     ceilings = roofline_ceilings(dtype) if on_gpu else None
     entries = build_entries(anchors, iters, total, dtype, ceilings)

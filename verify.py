@@ -70,11 +70,12 @@ Writes workspace/verify.json (--out to change):
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
 """
-import autokernel  # first: sets the Triton interpreter on CPU and loads the stdlib `profile`
+import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 
 import argparse
 import glob
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -290,12 +291,22 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
               "perf_counter, median (CPU interpreter: not meaningful)", "cuda_graphs": graphs,
               "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None}
 
+    steps = {"done": 0, "total": 3 + (len(kernels) if len(kernels) > 1 else 0),
+             "start": time.monotonic()}
+
+    def progress(what, ms):
+        steps["done"] += 1
+        print(f"timed {steps['done']}/{steps['total']}: {what}: "
+              + (f"{ms:.3f} ms" if ms is not None else "skipped")
+              + f" ({time.monotonic() - steps['start']:.0f} s elapsed)", flush=True)
+        return ms
+
     def timed(swap=None, what="the model with kernels"):
         try:
             if swap is None:
-                return time_forward(model, inputs, warmup, repeat, graphs)
+                return progress(what, time_forward(model, inputs, warmup, repeat, graphs))
             with swap.installed(model):
-                return time_forward(model, inputs, warmup, repeat, graphs)
+                return progress(what, time_forward(model, inputs, warmup, repeat, graphs))
         except GraphCaptureError as e:
             raise GraphCaptureError(f"capturing {what} in a CUDA graph failed ({e}): run "
                                     "without --cuda-graphs") from None
@@ -304,13 +315,16 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
     backend = compile_backend or ("inductor" if autokernel.CUDA else None)
     if backend is None:
         timing["compile_note"] = "skipped on CPU (pass --compile-backend to force)"
+        steps["total"] -= 1
     elif backend == "none":
         timing["compile_note"] = "skipped (--no-compile)"
+        steps["total"] -= 1
     else:
         try:
             compiled = torch.compile(model, backend=backend)
             forward(compiled, inputs)  # compile outside the timed runs
-            timing["compile_ms"] = time_forward(compiled, inputs, warmup, repeat, graphs)
+            timing["compile_ms"] = progress("torch.compile of the original model", time_forward(
+                compiled, inputs, warmup, repeat, graphs))
             timing["compile_note"] = f"torch.compile(backend={backend!r})"
         except Exception as e:  # report it, keep the eager comparison
             timing["compile_note"] = f"torch.compile(backend={backend!r}) failed: " \
@@ -332,7 +346,8 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
     timing["gainers"] = [k.name for k in gainers]
     timing["gainers_ms"] = None
     if gainers and len(gainers) < len(kernels):
-        timing["gainers_ms"] = timed(Swap(gainers, weights, weight_layout))
+        steps["total"] += 1
+        timing["gainers_ms"] = timed(Swap(gainers, weights, weight_layout), "the gainers together")
     return timing
 
 

@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-import autokernel  # first: loads the stdlib `profile` before our profile.py can shadow it
+import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 
 import torch
 

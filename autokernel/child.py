@@ -59,7 +59,7 @@ def serve(conn, kernel_path, log_path):
     if sys.platform.startswith("linux"):  # die with the judge (a kernel can undo this: see docs)
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in the log
-    import autokernel  # noqa: F401  (CPU mode: TRITON_INTERPRET before triton is imported)
+    import autokernel.kernel_types  # noqa: F401  (CPU mode: TRITON_INTERPRET before triton)
     from autokernel.contract import load_module, module_attrs
     send = lambda msg: conn.send_bytes(json.dumps(msg).encode())  # noqa: E731
     try:
@@ -117,7 +117,7 @@ class Runner:
         try:
             if self.cuda:
                 import triton.testing
-                median_us = triton.testing.do_bench(fn, return_mode="median") * 1e3
+                median_us = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
                 out = fn()
                 self.sync()
             else:  # the interpreter: one wall-clock call a round, labelled meaningless

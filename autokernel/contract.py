@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from autokernel import DTYPE_NAMES, KERNEL_TYPE_NAMES, KERNEL_TYPES, parse_dtype
+from autokernel import KERNEL_TYPE_NAMES
 
 CONTRACT_NAMES = ("KERNEL_TYPE", "KERNEL_NAME", "BENCH_SHAPES", "BENCH_DTYPE", "BACKEND")
 BACKENDS = ("triton",)
@@ -67,11 +67,12 @@ def tag_of_source(source):
 def plan(attrs) -> dict:
     """What to judge a kernel file at, from its contract names: {"kernel_type", "tag", "shape"
     (the timed one), "shape_str", "bench_shapes", "dtype"}. Raises KernelFileError."""
+    from autokernel.kernel_types import DTYPE_NAMES, KERNEL_TYPES, parse_dtype
     name = attrs.get("KERNEL_TYPE")
     if name is None:
         raise KernelFileError(f"kernel file defines no KERNEL_TYPE; set it to one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
-    if name not in KERNEL_TYPES:
+    if name not in KERNEL_TYPE_NAMES:
         raise KernelFileError(f"unknown KERNEL_TYPE {name!r}: use one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
     backend = attrs.get("BACKEND", "triton")
@@ -101,6 +102,7 @@ def plan(attrs) -> dict:
 
 def load_module(path, name=None):
     """Import a Python file by path under a unique module name (never shadowing a library)."""
+    import autokernel.kernel_types  # noqa: F401  (CPU mode is set before the file imports triton)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")

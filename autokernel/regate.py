@@ -64,3 +64,22 @@ def check_all(specs, rows=None, log=print):
         out[str(path)] = {"passed": passed and version_ok is not False, "gate": gate,
                           "version": version, "version_ok": version_ok}
     return out
+
+
+def unbacked_keeps(rows, kernel_rel="kernel.py"):
+    """Kept rows that git does not back: [(row, why)]. A kept row names the commit that holds the
+    judged kernel.py and that file's sha256; a row whose commit is gone, or holds other bytes,
+    was not written by this repo's bench.py (or the history was rewritten since)."""
+    from autokernel import git
+    out = []
+    for row in rows:
+        if row["status"] != "keep":
+            continue
+        source = git.git("show", f"{row['commit']}:{kernel_rel}").stdout.encode() \
+            if row["commit"] else None
+        if not source:
+            out.append((row, f"its commit {row['commit'] or '(none)'} is not in this repo"))
+        elif row["kernel_sha256"] and hashlib.sha256(source).hexdigest() != row["kernel_sha256"]:
+            out.append((row, f"commit {row['commit']} holds another {kernel_rel} than the one "
+                             f"judged"))
+    return out

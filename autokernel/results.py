@@ -192,8 +192,9 @@ def keep_rule(candidate_us, kept_us):
     mid = len(ratios) // 2
     median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
     gain, noise = 1.0 - median, max(NOISE_FLOOR, ratios[-1] - ratios[0])
+    rounds = f"{noise:.1%} noise of {len(ratios)} paired rounds"
     if gain > noise:
-        return True, gain, noise, f"{gain:.1%} faster than the kept version, beyond the " \
-                                  f"{noise:.1%} noise of {len(ratios)} paired rounds"
-    return False, gain, noise, f"{gain:+.1%} against the kept version is within the {noise:.1%} " \
-                               f"noise of {len(ratios)} paired rounds"
+        return True, gain, noise, f"{gain:.1%} faster than the kept version, beyond the {rounds}"
+    if gain < -noise:
+        return False, gain, noise, f"{-gain:.1%} slower than the kept version (beyond the {rounds})"
+    return False, gain, noise, f"{gain:+.1%} against the kept version is within the {rounds}"

@@ -17,7 +17,7 @@ Writes are atomic (a temporary file, then a rename): a kill mid-write never leav
 import json
 from pathlib import Path
 
-from autokernel import KERNEL_TYPES, PLAN_JSON, PROFILE_JSON
+from autokernel import KERNEL_TYPE_NAMES, PLAN_JSON, PROFILE_JSON
 from autokernel.cli import UsageError
 from autokernel.results import rel
 
@@ -81,7 +81,7 @@ def read_plan(path=PLAN_JSON):
         if missing:
             raise UsageError(f"{rel(path)}: kernel #{i + 1} lacks {', '.join(missing)}: "
                              f"re-run `uv run extract.py`")
-        if k["kernel_type"] not in KERNEL_TYPES:
+        if k["kernel_type"] not in KERNEL_TYPE_NAMES:
             raise UsageError(f"{rel(path)}: kernel {k['name']!r} has unknown type "
                              f"{k['kernel_type']!r}: re-run `uv run extract.py`")
         if not isinstance(k["share"], (int, float)) or not 0 <= k["share"] <= 1:

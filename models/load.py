@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-import autokernel  # first: CPU-mode setup and the stdlib `profile` fix
+import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 from autokernel import ROOT
 from autokernel.cli import UsageError, describe
 from autokernel.contract import load_module

@@ -92,3 +92,16 @@ def test_missing_plan_named_explicitly(tmp_path, capsys):
     err = run(capsys, "--results", str(tmp_path / "results.tsv"), "--plan",
               str(tmp_path / "nope.json"), code=2).err
     assert err.count("\n") == 1 and "not found" in err
+
+
+def test_a_kept_row_that_git_does_not_back_is_marked(tmp_path, capsys):
+    """A forged or rewritten history: the row says keep, but no commit of this repo holds it."""
+    from autokernel.results import COLUMNS, append_row
+    path = tmp_path / "results.tsv"
+    append_row(dict.fromkeys(COLUMNS, "") | {
+        "experiment": 1, "tag": "softmax_1", "kernel_type": "softmax", "latency_us": "1.0",
+        "correctness": "PASS", "status": "keep", "commit": "0000000", "timing_valid": "False",
+        "kernel_sha256": "0" * 64}, path)
+    assert analysis.main(["--results", str(path), "--last", "1"]) in (None, 0)
+    out = capsys.readouterr()
+    assert "keep!" in out.out and "experiment 1 is marked kept but its commit 0000000" in out.err

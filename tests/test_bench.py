@@ -262,7 +262,7 @@ def test_slower_than_best_is_reverted(runs):
     run = r["second"]
     assert run["rc"] == 0, run["stderr"][-2000:]
     assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert"
-    assert "against the kept version is within" in run["last_line"], run["stdout"]
+    assert "slower than the kept version" in run["last_line"], run["stdout"]
     assert run["keys"]["kept_rounds_us"] and run["keys"]["best_kept_us"] != "n/a"
     assert r["commits"] == 2 and r["status"] == ""
     assert r["kernel"] == variant(GOOD.read_text(), 1)  # back to the kept version
@@ -536,3 +536,18 @@ def test_an_unwritable_results_file_is_refused_before_judging(runs):
     r = runs["concurrency"]
     assert_one_line_refusal(r["unwritable"], "not writable")
     assert r["commits"] == 1
+
+
+def test_the_keep_rule_weighs_gain_against_the_paired_rounds_noise():
+    from autokernel.results import keep_rule
+    assert keep_rule([10.0] * 5, None)[0]  # the first correct version of a setting
+    keep, gain, noise, why = keep_rule([9.0, 9.1, 8.9, 9.0, 9.05], [10.0, 10.1, 9.9, 10.0, 10.0])
+    assert keep and gain == pytest.approx(0.1, abs=0.01) and "faster" in why
+    # the same kernel twice: the ratios straddle 1 and the median gain is inside their spread
+    keep, _, _, why = keep_rule([10.2, 9.7, 10.1, 9.9, 10.0], [10.0, 10.0, 9.8, 10.1, 10.0])
+    assert not keep and "within" in why
+    keep, _, _, why = keep_rule([14.0, 14.2, 13.9, 14.1, 14.0], [10.0, 10.1, 9.9, 10.0, 10.0])
+    assert not keep and "slower" in why
+    # one noisy round widens the noise: a 3% gain then is not enough
+    keep, _, _, why = keep_rule([9.7, 9.7, 9.7, 9.7, 11.0], [10.0] * 5)
+    assert not keep and "within" in why
