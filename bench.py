@@ -10,15 +10,15 @@ results.tsv, and keep (git commit) or revert (git checkout HEAD -- kernel.py) th
     uv run bench.py --timeout 60 --results /tmp/r.tsv
 
 Keep rule (autokernel/results.keep_rule): a candidate that passes all five stages is timed in
-paired rounds against the best kept version of its tag, shape, dtype and device, in the same run;
-it is kept only when its median gain beats the rounds' spread (and 1%). The first correct version
+paired rounds against the best kept version of its tag, shape, dtype and device, in the same run,
+on this process's clock; it is kept only when its median gain beats the rounds' spread (and 1%). The first correct version
 of a setting is kept. A keep commits kernel.py alone and copies it to the kernel's file in
 workspace/ (its file of record in plan.json); a revert restores kernel.py from HEAD.
 
 Trust. This process is the judge. The kernel file is imported only by child processes
 (autokernel/child.py), which it treats as hostile: they get inputs and output buffers, answer in
 JSON, and decide nothing. Outputs are compared with the float64 oracle here (autokernel/gate.py),
-a reported latency is cross-checked with this process's own clock (autokernel/timing.py), the
+every timing round is measured by this process's own clock (autokernel/timing.py), the
 repo's state is snapshotted before the children start and restored after (autokernel/state.py),
 and no process they started outlives the verdict. README's "The gate's trust model" says what is
 prevented, what is only detected and what remains possible.
@@ -276,8 +276,8 @@ class ChildRunner:
         self.at("timing")
         return self.request(("time", inputs, buffer))
 
-    def loop(self, inputs, n, flush):
-        return self.request(("loop", inputs, n, flush))
+    def loop(self, inputs, n, flush, buffer):
+        return self.request(("loop", inputs, n, flush, buffer))
 
     def ping(self):
         return self.request(("ping",))
@@ -355,7 +355,7 @@ def crash_line(log_path):
 
 def measure(candidate, kept, plan):
     """Paired rounds against the kept version, the output of a timed call judged, the reported
-    latency cross-checked with this process's clock."""
+    latency taken on this process's clock (the child's own report cross-checked against it)."""
     ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
     shape, dtype = tuple(plan["shape"]), ak.DTYPES[plan["dtype"]]
     inputs = ktype.inputs(shape, dtype, ak.DEVICE, gate.fresh_generator())
@@ -365,13 +365,13 @@ def measure(candidate, kept, plan):
                                      dtype=ak.out_dtype(ktype, inputs), device=ak.DEVICE)
     print(f"timing: {timing.ROUNDS} paired rounds" + (" against the kept version" if kept
                                                        else ""), flush=True)
-    try:
-        rounds = timing.paired_rounds(candidate, kept, inputs, make_buffer)
-        out = rounds["buffer"]
+    def check(out):  # every output the timing hands back, do_bench's and the judge's loop's
         if bool(ktype.mismatches(out, ref, pristine)[0].any()) or any(
                 not torch.equal(gate.bits(inputs[k]), gate.bits(pristine[k])) for k in inputs):
             raise timing.TimingError("timing: a timed call's output differs from the oracle "
                                      "(or it changed its inputs): behaves differently when timed")
+    try:
+        rounds = timing.paired_rounds(candidate, kept, inputs, make_buffer, check)
         claimed = statistics.median(rounds["claimed"])
         judged = statistics.median(rounds["candidate"])
         contradiction = timing.crosscheck(claimed, judged)

@@ -11,9 +11,9 @@ answers in JSON, never in pickle (unpickling a message from here would run code 
                                          | {"status": "raised", "kind", "error"}
     ("time", inputs, buffer)          -> {"status": "timed", "median_us", ...}: the median of
                                          one call; the buffer gets a timed call's output
-    ("loop", inputs, n, flush)        -> {"status": "looped"}: n calls, each after an L2 flush
-                                         when asked, then a device sync; the judge times this
-                                         with its own clock
+    ("loop", inputs, n, flush, buffer) -> {"status": "looped", ...}: n calls, each after an L2
+                                         flush when asked, then a device sync; the judge times
+                                         this with its own clock; the buffer gets the last output
     ("stop",)
 
 What runs here can patch anything in this process (its clocks, json, torch, these functions), so
@@ -130,8 +130,9 @@ class Runner:
         return dict(self.deliver(out, inputs, buffer), status="timed", median_us=median_us,
                     peak_vram_mb=peak)
 
-    def loop(self, inputs, n, flush):
-        """n calls back to back, each after an L2 flush when asked, then a device sync."""
+    def loop(self, inputs, n, flush, buffer):
+        """n calls back to back, each after an L2 flush when asked, then a device sync; the last
+        call's output goes to the judge's buffer (it is checked like any other)."""
         if flush and self.flush_buffer is None:
             self.flush_buffer = self.torch.empty(FLUSH_BYTES // 4, dtype=self.torch.int32,
                                                  device="cuda")
@@ -139,11 +140,11 @@ class Runner:
             for _ in range(n):
                 if flush:
                     self.flush_buffer.zero_()
-                self.fn(**inputs)
+                out = self.fn(**inputs)
             self.sync()
         except Exception as e:
             return self.raised(e)
-        return {"status": "looped"}
+        return dict(self.deliver(out, inputs, buffer), status="looped")
 
     def deliver(self, out, inputs, buffer):
         """Describe the output and copy it into the judge's buffer when it fits."""

@@ -295,6 +295,11 @@ def _shape_sets(primary, sweep, stability, edge):
     return {"primary": primary, "sweep": sweep, "stability": stability, "edge": edge}
 
 
+# The two norms share their odd-size cases and their CPU shapes.
+NORM_GPU_EDGE = [(1023, 1023), (4097, 1537), (513, 4097), (100, 50257)]
+NORM_CPU_SHAPES = _shape_sets((64, 1024), [(1, 16), (4, 128), (16, 768), (8, 4096), (2, 5000)],
+                              [(4, 512)], [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])
+
 KERNEL_TYPES = {k.name: k for k in [
     KernelType(
         "matmul", ("A", "B"), ("M", "N", "K"), _make_matmul, _adv_matmul,
@@ -336,12 +341,8 @@ KERNEL_TYPES = {k.name: k for k in [
         gpu_shapes=_shape_sets((8192, 4096),
                                [(1, 768), (128, 1024), (2048, 768), (4096, 1024), (8192, 4096),
                                 (4096, 8192), (16384, 2048), (1024, 16384)],
-                               [(512, 4096)],
-                               [(1023, 1023), (4097, 1537), (513, 4097), (100, 50257)]),
-        cpu_shapes=_shape_sets((64, 1024),
-                               [(1, 16), (4, 128), (16, 768), (8, 4096), (2, 5000)],
-                               [(4, 512)],
-                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])),
+                               [(512, 4096)], NORM_GPU_EDGE),
+        cpu_shapes=NORM_CPU_SHAPES),
     KernelType(
         "rmsnorm", ("x", "weight"), ("M", "N"), _make_rmsnorm, _adv_norm(_make_rmsnorm),
         flops=lambda s: 4 * s[0] * s[1],
@@ -350,12 +351,8 @@ KERNEL_TYPES = {k.name: k for k in [
         gpu_shapes=_shape_sets((8192, 8192),
                                [(1, 4096), (128, 4096), (2048, 2048), (4096, 4096), (8192, 8192),
                                 (16384, 4096), (4096, 11008), (1024, 16384)],
-                               [(512, 4096)],
-                               [(1023, 1023), (4097, 1537), (513, 4097), (100, 50257)]),
-        cpu_shapes=_shape_sets((64, 1024),
-                               [(1, 16), (4, 128), (16, 768), (8, 4096), (2, 5000)],
-                               [(4, 512)],
-                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])),
+                               [(512, 4096)], NORM_GPU_EDGE),
+        cpu_shapes=NORM_CPU_SHAPES),
     KernelType(
         "flash_attention", ("Q", "K", "V"), ("B", "H", "S", "D"), _make_attention,
         _adv_attention,

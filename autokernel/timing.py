@@ -38,13 +38,14 @@ class TimingError(Exception):
     """The timing failed or was contradicted: the message is the row's reason."""
 
 
-def paired_rounds(candidate, kept, inputs, make_buffer):
+def paired_rounds(candidate, kept, inputs, make_buffer, check):
     """Time the candidate (and the kept version, when given) in alternation, each round both by
     the runner's own report and by the judge's clock. Returns {"candidate": [judge us...],
     "kept": [judge us...] or None, "claimed": the candidate's reported medians, "reply": its last
-    reply, "buffer": its last output}. The keep rule uses the judge's numbers."""
+    reply}. check(output) raises TimingError for a wrong output of the candidate's timed calls.
+    The keep rule uses the judge's numbers."""
     times = {"candidate": [], "kept": [] if kept is not None else None, "claimed": []}
-    reply = buffer = None
+    reply = None
     for r in range(-WARMUP_ROUNDS, ROUNDS):
         flush_per_call = flush_seconds(50) / 50 if ak.CUDA else 0.0
         order = (("candidate", candidate), ("kept", kept))
@@ -56,28 +57,33 @@ def paired_rounds(candidate, kept, inputs, make_buffer):
             who = "the kept version" if name == "kept" else "kernel_fn"
             if got.get("status") != "timed":
                 raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
-            judged = judge_clock_us(runner, inputs, float(got["median_us"]), flush_per_call, who)
+            judged, looped = judge_clock_us(runner, inputs, float(got["median_us"]),
+                                            flush_per_call, who, make_buffer)
+            if name == "candidate":
+                check(out)
+                check(looped)
             if r >= 0:
                 times[name].append(judged)
                 if name == "candidate":
                     times["claimed"].append(float(got["median_us"]))
             if name == "candidate":
-                reply, buffer = got, out
-    return {**times, "reply": reply, "buffer": buffer}
+                reply = got
+    return {**times, "reply": reply}
 
 
-def judge_clock_us(runner, inputs, claimed_us, flush_per_call, who):
+def judge_clock_us(runner, inputs, claimed_us, flush_per_call, who, make_buffer):
     """The judge's own estimate of one call: n flushed calls timed from here, minus n flushes
-    (timed here) and the pipe's round trip."""
+    (timed here) and the pipe's round trip. -> (us, the last call's output)."""
     per_call_guess = max(claimed_us, 1.0) + flush_per_call * 1e6
     n = int(min(max(CROSSCHECK_S * 1e6 / per_call_guess, 1), 2000 if ak.CUDA else 20))
     rtt = min(ping(runner) for _ in range(3))
+    buffer = make_buffer()
     start = time.perf_counter()
-    got = runner.loop(inputs, n, ak.CUDA)
+    got = runner.loop(inputs, n, ak.CUDA, buffer)
     wall = time.perf_counter() - start
     if got.get("status") != "looped":
         raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
-    return max(wall - rtt - n * flush_per_call, 0.0) / n * 1e6
+    return max(wall - rtt - n * flush_per_call, 0.0) / n * 1e6, buffer
 
 
 def ping(runner):

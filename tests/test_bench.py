@@ -400,6 +400,7 @@ def test_a_right_answer_equal_to_an_earlier_one_is_not_called_a_cache():
 ATTACK_CASES = {  # judged in a fresh repo, like the planted kernels
     "forged_report": ([], "FAIL", "wrong values"),
     "slowed_clocks": ([], "FAIL", "timing contradicted"),
+    "lazy_when_timed": ([], "FAIL", "behaves differently when timed"),
 }
 TAMPERING = ["wipes_results", "moves_branch", "edits_every_file", "plants_modules"]
 
