@@ -4,7 +4,6 @@ the gate again (bench.py --no-git: the five stages on fresh inputs, its own timi
 child) and, for the night's kernels, its bytes must be those of a kept row of results.tsv. A
 forged results.tsv or a file edited after its keep never reaches the morning report.
 """
-import hashlib
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 from autokernel import ROOT
 from autokernel.cli import one_line
 from autokernel.results import rel
+from autokernel.state import digest
 
 
 def regate(path, timeout_s=180):
@@ -39,8 +39,8 @@ def kept_version(path, tag, rows):
              and r["correctness"] == "PASS"]
     if not keeps:
         return None, "no kept version in results.tsv: this is the starter as extract.py wrote it"
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    match = [r for r in keeps if r["kernel_sha256"] == digest]
+    sha = digest(Path(path).read_bytes())  # the hash bench.py wrote into the row
+    match = [r for r in keeps if r["kernel_sha256"] == sha]
     if not match:
         return False, (f"{rel(path)} matches no kept row of {tag} in results.tsv (edited after "
                        f"its keep, or the row is not bench.py's)")
@@ -79,7 +79,7 @@ def unbacked_keeps(rows, kernel_rel="kernel.py"):
             if row["commit"] else None
         if not source:
             out.append((row, f"its commit {row['commit'] or '(none)'} is not in this repo"))
-        elif row["kernel_sha256"] and hashlib.sha256(source).hexdigest() != row["kernel_sha256"]:
+        elif row["kernel_sha256"] and digest(source) != row["kernel_sha256"]:
             out.append((row, f"commit {row['commit']} holds another {kernel_rel} than the one "
                              f"judged"))
     return out

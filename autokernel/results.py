@@ -33,9 +33,6 @@ EXTRA_COLUMNS = [
 COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
 CORRECTNESS_VALUES = ("PASS", "FAIL", "TIMEOUT", "CRASH")
 STATUS_VALUES = ("keep", "revert", "judged")  # judged: no git action (--no-git, --quick, refused)
-NUMERIC_COLUMNS = ["experiment", "throughput_tflops", "latency_us", "pct_peak",
-                   "speedup_vs_pytorch", "peak_vram_mb", "bandwidth_gb_s", "speedup_vs_compile",
-                   "best_us", "noise_pct"]
 SETTING_COLUMNS = ("tag", "shape", "dtype", "device")  # latencies compare only within a setting
 
 
@@ -87,18 +84,6 @@ def read_rows(path=RESULTS_TSV, must_exist=False) -> list:
                              f"or move the file aside")
         rows.append(row)
     return rows
-
-
-def read_frame(path=RESULTS_TSV, must_exist=False):
-    """The rows as a pandas DataFrame (what orchestrate and analysis compute on): numeric
-    columns as floats (NaN where empty), plus booleans `kept` and `timing_ok`."""
-    import pandas as pd
-    df = pd.DataFrame(read_rows(path, must_exist), columns=COLUMNS)
-    for column in NUMERIC_COLUMNS:
-        df[column] = pd.to_numeric(df[column], errors="coerce").astype(float)
-    df["kept"] = df.status.eq("keep") & df.correctness.eq("PASS")
-    df["timing_ok"] = df.timing_valid.str.lower().ne("false")
-    return df
 
 
 def setting(row) -> tuple:
