@@ -358,8 +358,8 @@ def measure(candidate, kept, plan):
     latency taken on this process's clock (the child's own report cross-checked against it)."""
     ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
     shape, dtype = tuple(plan["shape"]), ak.DTYPES[plan["dtype"]]
-    inputs = ktype.inputs(shape, dtype, ak.DEVICE, gate.fresh_generator())
-    pristine = {k: v.clone() for k, v in inputs.items()}
+    inputs = ktype.inputs(shape, dtype, ak.DEVICE, gate.fresh_generator(), plan.get("variant"))
+    pristine = gate.clone(inputs)
     ref = ktype.reference(**pristine)
     make_buffer = lambda: torch.full(ref.shape, float("nan"),  # noqa: E731
                                      dtype=ak.out_dtype(ktype, inputs), device=ak.DEVICE)
@@ -367,7 +367,8 @@ def measure(candidate, kept, plan):
                                                        else ""), flush=True)
     def check(out):  # every output the timing hands back, do_bench's and the judge's loop's
         if bool(ktype.mismatches(out, ref, pristine)[0].any()) or any(
-                not torch.equal(gate.bits(inputs[k]), gate.bits(pristine[k])) for k in inputs):
+                not torch.equal(gate.bits(t), gate.bits(pristine[k]))
+                for k, t in gate.tensors(inputs).items()):
             raise timing.TimingError("timing: a timed call's output differs from the oracle "
                                      "(or it changed its inputs): behaves differently when timed")
     try:
@@ -401,13 +402,14 @@ def add_baselines(outcome):
     try:
         from autokernel import baselines as base
         ceilings = base.load_ceilings()
-        baselines = base.baseline_times(ktype, shape, dtype)
+        baselines = base.baseline_times(ktype, shape, dtype, variant=plan.get("variant"))
     except Exception as e:  # a broken cache costs the speedups, not the verdict
         print(f"note: baselines unavailable ({one_line(e)})", file=sys.stderr)
     tflops = (ceilings.get("tflops") or {}).get(plan["dtype"])
     latency = outcome["latency_us"]
     roof = ak.roofline(ktype, shape, dtype, latency,
-                       {"bandwidth_gb_s": ceilings.get("bandwidth_gb_s"), "tflops": tflops})
+                       {"bandwidth_gb_s": ceilings.get("bandwidth_gb_s"), "tflops": tflops},
+                       plan.get("variant"))
     spec = ceilings.get("spec") or {}
     eager, compiled = baselines.get("eager_us"), baselines.get("compile_us")
     outcome.update(roof, bound=ktype.bound, ceiling_bandwidth_gb_s=ceilings.get("bandwidth_gb_s"),

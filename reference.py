@@ -23,14 +23,18 @@ def _up(*tensors):
     return [t.to(ORACLE) for t in tensors]
 
 
-# ---- matmul: A[M,K] @ B[K,N] ----------------------------------------------------------------
-def matmul(A, B):
-    a, b = _up(A, B)
-    return (a @ b).to(A.dtype)
+def _opt_up(t):
+    return None if t is None else t.to(ORACLE)
 
 
-def matmul_eager(A, B):
-    return A @ B
+# ---- matmul: A[M,K] @ B[K,N] (+ bias[N]) ----------------------------------------------------
+def matmul(A, B, bias=None):
+    out = A.to(ORACLE) @ B.to(ORACLE)
+    return (out if bias is None else out + bias.to(ORACLE)).to(A.dtype)
+
+
+def matmul_eager(A, B, bias=None):
+    return A @ B if bias is None else torch.addmm(bias, A, B)
 
 
 # ---- softmax over the last dim --------------------------------------------------------------
@@ -42,52 +46,58 @@ def softmax_eager(x):
     return torch.softmax(x, dim=-1)
 
 
-# ---- layernorm (eps 1e-5) -------------------------------------------------------------------
-def layernorm(x, weight, bias):
-    xd, w, b = _up(x, weight, bias)
-    return F.layer_norm(xd, (x.shape[-1],), w, b, LAYERNORM_EPS).to(x.dtype)
+# ---- layernorm over the last dim; weight and bias may each be None (no affine) --------------
+def layernorm(x, weight, bias, eps=LAYERNORM_EPS):
+    return F.layer_norm(x.to(ORACLE), (x.shape[-1],), _opt_up(weight), _opt_up(bias),
+                        eps).to(x.dtype)
 
 
-def layernorm_eager(x, weight, bias):
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, LAYERNORM_EPS)
+def layernorm_eager(x, weight, bias, eps=LAYERNORM_EPS):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-# ---- rmsnorm (eps 1e-6) ---------------------------------------------------------------------
-def rmsnorm(x, weight):
-    xd, w = _up(x, weight)
-    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + RMSNORM_EPS) * w).to(x.dtype)
+# ---- rmsnorm over the last dim; weight may be None ------------------------------------------
+def rmsnorm(x, weight, eps=RMSNORM_EPS):
+    xd = x.to(ORACLE)
+    y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.to(ORACLE)).to(x.dtype)
 
 
-def rmsnorm_eager(x, weight):
+def rmsnorm_eager(x, weight, eps=RMSNORM_EPS):
     # As LLaMA in transformers writes it: statistics in fp32, the weight applied in the input dtype.
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMSNORM_EPS)
-    return weight * h.to(x.dtype)
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return h if weight is None else weight * h
 
 
-def rmsnorm_library(x, weight):
-    return F.rms_norm(x, (x.shape[-1],), weight, RMSNORM_EPS)
+def rmsnorm_library(x, weight, eps=RMSNORM_EPS):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-# ---- causal attention, scale 1/sqrt(D) ------------------------------------------------------
-def _causal_attention(q, k, v):
+# ---- attention: Q[B,Hq,S,D], K/V[B,Hkv,S,D] (query head h reads key/value head h // (Hq/Hkv)),
+# causal or not, scale 1/sqrt(D) unless given ------------------------------------------------
+def _attention(q, k, v, causal, scale):
     S, D = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-    mask = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(mask, float("-inf"))
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(D) if scale is None else scale)
+    if causal:
+        mask = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
-def flash_attention(Q, K, V):
-    return _causal_attention(*_up(Q, K, V)).to(Q.dtype)
+def flash_attention(Q, K, V, causal=True, scale=None):
+    return _attention(*_up(Q, K, V), causal, scale).to(Q.dtype)
 
 
-def flash_attention_eager(Q, K, V):
-    return _causal_attention(Q, K, V)
+def flash_attention_eager(Q, K, V, causal=True, scale=None):
+    return _attention(Q, K, V, causal, scale)
 
 
-def flash_attention_library(Q, K, V):
-    return F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+def flash_attention_library(Q, K, V, causal=True, scale=None):
+    return F.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale,
+                                          enable_gqa=K.shape[1] != Q.shape[1])
 
 
 # ---- fused SwiGLU MLP: (silu(x w_gate^T) * (x w_up^T)) w_down^T ------------------------------
@@ -129,13 +139,13 @@ def rotary_embedding_eager(x, cos, sin):
     return x * cos2 + rotated * sin2
 
 
-# ---- reduce: sum over the last dim ----------------------------------------------------------
-def reduce(x):
-    return x.to(ORACLE).sum(dim=-1).to(x.dtype)
+# ---- reduce: sum over one dim of x (any rank; the last dim is the common case) --------------
+def reduce(x, dim=-1):
+    return x.to(ORACLE).sum(dim=dim).to(x.dtype)
 
 
-def reduce_eager(x):
-    return x.sum(dim=-1)
+def reduce_eager(x, dim=-1):
+    return x.sum(dim=dim)
 
 
 # Library baselines shown beside eager and torch.compile where one exists.

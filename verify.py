@@ -84,8 +84,8 @@ import torch
 from autokernel import regate
 from autokernel.cli import UsageError, describe, one_line, run_main
 from autokernel.contract import KernelFileError, check_module, load_module, read_file_attrs, tag_of
-from autokernel.endtoend import (GraphCaptureError, checked_forward, compare_runs, forward,
-                                 model_dtype, sync, time_forward)
+from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
+                                 forward, model_dtype, sync, time_forward)
 from autokernel.results import read_rows, rel
 from autokernel.swap import Kernel, KernelFailure, Swap, WeightCache
 from autokernel.workspace import plan_kernels, read_plan, recorded_model_args, write_json
@@ -279,6 +279,21 @@ def diagnose_alone(model, inputs, used, run_ref, weights, weight_layout):
         del run_k
 
 
+def capture_breakers(model, inputs, kernels, weights, weight_layout):
+    """The kernels whose swap alone cannot be captured in a CUDA graph (a host sync, an
+    allocation or a capture-unsafe call in kernel_fn or its glue)."""
+    if len(kernels) < 2:
+        return [k.name for k in kernels]
+    culprits = []
+    for k in kernels:
+        try:
+            with Swap([k], weights, weight_layout).installed(model):
+                capture(model, inputs, 1)
+        except GraphCaptureError:
+            culprits.append(k.name)
+    return culprits
+
+
 def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile_backend,
             graphs=False):
     """Eager, torch.compile, all kernels, and each kernel alone (for its share of the gain).
@@ -308,8 +323,11 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
             with swap.installed(model):
                 return progress(what, time_forward(model, inputs, warmup, repeat, graphs))
         except GraphCaptureError as e:
-            raise GraphCaptureError(f"capturing {what} in a CUDA graph failed ({e}): run "
-                                    "without --cuda-graphs") from None
+            culprits = capture_breakers(model, inputs, swap.kernels if swap else [], weights,
+                                        weight_layout)
+            blame = f"{', '.join(culprits)} breaks the capture alone; " if culprits else ""
+            raise GraphCaptureError(f"capturing {what} in a CUDA graph failed ({e}): {blame}"
+                                    "run without --cuda-graphs") from None
 
     timing["eager_ms"] = timed(what="the original model")
     backend = compile_backend or ("inductor" if autokernel.CUDA else None)

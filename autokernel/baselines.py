@@ -208,8 +208,9 @@ def compile_and_time(fn, inputs, mode=COMPILE_MODE):
     inside a compiled model (its input is already there), which would flatter our kernels."""
     try:
         torch._dynamo.reset()  # fresh caches: no recompile limit, no dynamic-shape guesswork
-        for tensor in inputs.values():
-            torch._dynamo.mark_static_address(tensor)
+        for value in inputs.values():  # tensors only: eps, causal, dim are Python constants
+            if isinstance(value, torch.Tensor):
+                torch._dynamo.mark_static_address(value)
         compiled = torch.compile(fn, mode=mode, dynamic=False)
         start = time.perf_counter()
         compiled(**inputs)
@@ -272,8 +273,10 @@ def _as_dtype(dtype):
     return dtype if isinstance(dtype, torch.dtype) else autokernel.parse_dtype(dtype)
 
 
-def baseline_key(ktype, shape, dtype):
-    return f"{ktype.name}|{ktype.shape_str(shape)}|{autokernel.DTYPE_NAMES[dtype]}"
+def baseline_key(ktype, shape, dtype, variant=None):
+    """type|shape|dtype, and the variant's options when it is not the default one."""
+    options = "".join(f"|{k}={v}" for k, v in sorted((variant or {}).items()))
+    return f"{ktype.name}|{ktype.shape_str(shape)}|{autokernel.DTYPE_NAMES[dtype]}{options}"
 
 
 def _is_time(value):
@@ -297,13 +300,14 @@ def _missing(ktype, entry, compile_mode):
 
 
 def measure_baselines(ktype, shape, dtype, want=("eager", "library", "compile"),
-                      compile_mode=COMPILE_MODE, log=print):
-    """Time the wanted baselines at one shape; returns the fields to cache."""
+                      compile_mode=COMPILE_MODE, log=print, variant=None):
+    """Time the wanted baselines at one shape (and variant); returns the fields to cache."""
     label = f"{ktype.name} {ktype.shape_str(shape)} {autokernel.DTYPE_NAMES[dtype]}"
     fields = {"kernel_type": ktype.name, "shape": list(shape),
-              "dtype": autokernel.DTYPE_NAMES[dtype], "measured_at": now()}
+              "dtype": autokernel.DTYPE_NAMES[dtype], "variant": variant or {},
+              "measured_at": now()}
     try:
-        inputs = ktype.inputs(shape, dtype, DEVICE)
+        inputs = ktype.inputs(shape, dtype, DEVICE, variant=variant)
     except Exception as exc:  # noqa: BLE001  (e.g. out of memory at a model's shape)
         for what in want:
             fields.update({f"{what}_us": None, f"{what}_error": describe(exc)})
@@ -446,21 +450,22 @@ def ensure_ceilings(force=False, log=print):
 
 
 def baseline_times(ktype, shape, dtype, *, compile=True, compile_mode=COMPILE_MODE, force=False,
-                   log=None):
-    """{"eager_us", "compile_us", "library_us", "library"} for one type, shape and dtype (a
-    KernelType or name; torch dtype or "fp16"). Cached values come back at once; missing ones are
+                   log=None, variant=None):
+    """{"eager_us", "compile_us", "library_us", "library"} for one type, shape, dtype (a
+    KernelType or name; torch dtype or "fp16") and variant of its contract (None: the default).
+    Cached values come back at once; missing ones are
     measured once and cached (a failure is cached as None with its error, not retried). compile:
     False skips measuring torch.compile (the cached value, if any, is still returned)."""
     ktype, dtype = _as_ktype(ktype), _as_dtype(dtype)
     shape = tuple(int(d) for d in shape)
-    key = baseline_key(ktype, shape, dtype)
+    key = baseline_key(ktype, shape, dtype, variant)
     entry = {} if force else dict(read_cache()["baselines"].get(key, {}))
     want = _missing(ktype, entry, compile_mode if compile else None)
     if want:
         for what in want:  # a re-measurement replaces an old failure
             entry.pop(f"{what}_error", None)
         log = log or (lambda message: print(f"prepare:{message}", file=sys.stderr, flush=True))
-        entry.update(measure_baselines(ktype, shape, dtype, want, compile_mode, log))
+        entry.update(measure_baselines(ktype, shape, dtype, want, compile_mode, log, variant))
         update_cache(lambda cache: cache["baselines"].__setitem__(key, entry))
     return {"eager_us": entry.get("eager_us"), "compile_us": entry.get("compile_us"),
             "library_us": entry.get("library_us"), "library": entry.get("library")}

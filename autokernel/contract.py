@@ -7,7 +7,8 @@ define, read one way by every script.
     BACKEND      = "triton"           # optional
     BENCH_SHAPES = [(4096, 50257)]    # optional: the shapes that matter (the first is timed)
     BENCH_DTYPE  = "bf16"             # optional: the timed dtype (default fp16)
-    def kernel_fn(**tensors): ...     # the reference's named tensors in, a new tensor out
+    BENCH_VARIANT = {"kv_groups": 4}  # optional: the timed variant of the type's contract
+    def kernel_fn(**args): ...        # the reference's named arguments in, a new tensor out
 
 The names are read from the source without running it (`read_attrs`), so a row can be tagged
 even when the file does not import; `load` imports the file and checks the same names.
@@ -20,7 +21,8 @@ from pathlib import Path
 
 from autokernel import KERNEL_TYPE_NAMES
 
-CONTRACT_NAMES = ("KERNEL_TYPE", "KERNEL_NAME", "BENCH_SHAPES", "BENCH_DTYPE", "BACKEND")
+CONTRACT_NAMES = ("KERNEL_TYPE", "KERNEL_NAME", "BENCH_SHAPES", "BENCH_DTYPE", "BENCH_VARIANT",
+                  "BACKEND")
 BACKENDS = ("triton",)
 
 
@@ -66,7 +68,7 @@ def tag_of_source(source):
 
 def plan(attrs) -> dict:
     """What to judge a kernel file at, from its contract names: {"kernel_type", "tag", "shape"
-    (the timed one), "shape_str", "bench_shapes", "dtype"}. Raises KernelFileError."""
+    (the timed one), "shape_str", "bench_shapes", "dtype", "variant"}. Raises KernelFileError."""
     from autokernel.kernel_types import DTYPE_NAMES, KERNEL_TYPES, parse_dtype
     name = attrs.get("KERNEL_TYPE")
     if name is None:
@@ -95,9 +97,16 @@ def plan(attrs) -> dict:
         raise KernelFileError(f"BENCH_DTYPE: {e}")
     if dtype not in ktype.dtypes():  # bf16 tl.dot is wrong in the CPU interpreter
         dtype = ktype.dtypes()[0]
+    variant = attrs.get("BENCH_VARIANT") or {}
+    if not isinstance(variant, dict):
+        raise KernelFileError(f"BENCH_VARIANT must be a dict of {name} options, got {variant!r}")
+    try:
+        variant = ktype.check_variant(variant)
+    except ValueError as e:
+        raise KernelFileError(str(e))
     return {"kernel_type": name, "tag": tag_of(attrs), "shape": list(shapes[0]),
             "shape_str": ktype.shape_str(shapes[0]), "bench_shapes": [list(s) for s in shapes],
-            "dtype": DTYPE_NAMES[dtype]}
+            "dtype": DTYPE_NAMES[dtype], "variant": variant}
 
 
 def load_module(path, name=None):
@@ -124,5 +133,5 @@ def check_module(module):
     result = plan(module_attrs(module))
     if not callable(getattr(module, "kernel_fn", None)):
         raise KernelFileError("kernel file defines no kernel_fn(...); it must take the "
-                              "reference's tensors by name and return a new tensor")
+                              "reference's arguments by name and return a new tensor")
     return result

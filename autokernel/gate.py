@@ -88,31 +88,33 @@ class Judge:
         self.primary = tuple(plan["shape"])
         self.bench_shapes = [tuple(s) for s in plan["bench_shapes"]]
         self.dtype = ak.DTYPES[plan["dtype"]]
+        self.variant = plan.get("variant") or {}  # the timed one, for smoke and determinism
         self.gen = fresh_generator()
         self.checks = 0
 
     # The five stages, in order. Each raises CheckFailure naming what is wrong.
     def smoke(self):
-        self.random_case("smoke", self.primary, self.dtype)
+        self.random_case("smoke", self.primary, self.dtype, self.variant)
 
     def sweep(self):
-        for shape in unique(list(self.ktype.shapes("sweep")) + self.bench_shapes):
-            for dtype in self.ktype.dtypes():
-                self.random_case("sweep", shape, dtype)
+        self.cycle("sweep", unique(list(self.ktype.shapes("sweep")) + self.bench_shapes))
 
     def stability(self):
         for shape in self.ktype.shapes("stability"):
-            for dtype in self.ktype.dtypes():
-                cases = self.ktype.adversarial(tuple(shape), dtype, ak.DEVICE, self.gen)
-                for label, inputs in cases:
-                    self.judge("stability", [inputs], f"{self.where(shape, dtype)}, {label}")
+            for variant in self.ktype.variants:
+                for dtype in self.ktype.dtypes():
+                    cases = self.ktype.adversarial(tuple(shape), dtype, ak.DEVICE, self.gen,
+                                                   **variant)
+                    for label, inputs in cases:
+                        self.judge("stability", [inputs],
+                                   f"{self.where(shape, dtype, variant)}, {label}")
 
     def determinism(self):
         shape, dtype = self.primary, self.dtype
-        where = self.where(shape, dtype)
+        where = self.where(shape, dtype, self.variant)
         self.on_stage("determinism", where)
-        inputs = self.ktype.inputs(shape, dtype, ak.DEVICE, self.gen)
-        pristine = {k: v.clone() for k, v in inputs.items()}
+        inputs = self.ktype.inputs(shape, dtype, ak.DEVICE, self.gen, self.variant)
+        pristine = clone(inputs)
         ref = self.ktype.reference(**pristine)
         outs = [self.call(inputs, pristine, ref, float("nan"), where)[0] for _ in range(3)]
         self.checks += 1
@@ -125,23 +127,31 @@ class Judge:
         self.compare(outs[0], ref, pristine, where)
 
     def edge(self):
-        for shape in self.ktype.shapes("edge"):
-            for dtype in self.ktype.dtypes():
-                self.random_case("edge", shape, dtype)
+        self.cycle("edge", self.ktype.shapes("edge"))
 
     # ---- helpers ----
-    def where(self, shape, dtype):
-        return f"{self.ktype.shape_str(shape)} {ak.DTYPE_NAMES[dtype]}"
+    def cycle(self, stage, shapes):
+        """Each shape in every dtype, the type's variants taken in turn over the shapes (so each
+        variant meets several shapes and every dtype)."""
+        variants = self.ktype.variants
+        for i, shape in enumerate(shapes):
+            for dtype in self.ktype.dtypes():
+                self.random_case(stage, shape, dtype, variants[i % len(variants)])
 
-    def random_case(self, stage, shape, dtype):
+    def where(self, shape, dtype, variant):
+        options = "".join(f" {k}={v}" for k, v in variant.items())
+        return f"{self.ktype.shape_str(shape)} {ak.DTYPE_NAMES[dtype]}{options}"
+
+    def random_case(self, stage, shape, dtype, variant):
         # Two different input sets at the same shape: a result cached from the first call, or
         # an output buffer reused across calls, fails on the second.
-        sets = [self.ktype.inputs(tuple(shape), dtype, ak.DEVICE, self.gen) for _ in range(2)]
-        self.judge(stage, sets, self.where(shape, dtype))
+        sets = [self.ktype.inputs(tuple(shape), dtype, ak.DEVICE, self.gen, variant)
+                for _ in range(2)]
+        self.judge(stage, sets, self.where(shape, dtype, variant))
 
     def judge(self, stage, sets, where):
         self.on_stage(stage, where)
-        pristine = [{k: v.clone() for k, v in inputs.items()} for inputs in sets]
+        pristine = [clone(inputs) for inputs in sets]
         refs = [self.ktype.reference(**inputs) for inputs in pristine]
         outs = []
         for i, (inputs, clean, ref) in enumerate(zip(sets, pristine, refs)):
@@ -178,7 +188,7 @@ class Judge:
                 raise CheckCrash(f"device fault at {where}: {error}")
             raise CheckFailure(f"kernel_fn raised {error} at {where}")
         self.check_reply(reply, buffer, where)
-        for name, tensor in inputs.items():
+        for name, tensor in tensors(inputs).items():
             changed = int((bits(tensor) != bits(pristine[name])).sum())
             if changed:
                 raise CheckFailure(f"kernel_fn modified its input {name} ({changed} of "
@@ -214,7 +224,7 @@ class Judge:
         if not bool(bad.any()):
             return
         total = out.numel()
-        inputs = {k: v.clone() for k, v in pristine.items()}
+        inputs = clone(pristine)
         try:
             again = self.call(inputs, pristine, ref, SENTINEL, where)[0]
         except CheckFailure:
@@ -238,6 +248,16 @@ class Judge:
             f"wrong values at {where}: {n} of {total} elements outside rtol={tol:g}, "
             f"atol={atol:.3g} (worst at {index}: got {got.reshape(-1)[worst].item():.6g}, "
             f"expected {want.reshape(-1)[worst].item():.6g})")
+
+
+def tensors(inputs):
+    """The tensor arguments of an input set (the others are scalars and None)."""
+    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+
+def clone(inputs):
+    """An input set's copy: tensors cloned, scalars as they are."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def unique(shapes):

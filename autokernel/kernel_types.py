@@ -65,9 +65,10 @@ def rotary_tables(seq_len, head_dim, dtype, device, base=10000.0, offset=0):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _make_matmul(shape, dtype, device, gen):
+def _make_matmul(shape, dtype, device, gen, bias=False):
     M, N, K = shape
-    return {"A": _randn((M, K), dtype, device, gen), "B": _randn((K, N), dtype, device, gen)}
+    return {"A": _randn((M, K), dtype, device, gen), "B": _randn((K, N), dtype, device, gen),
+            "bias": _randn((N,), dtype, device, gen, scale=2.0) if bias else None}
 
 
 def _make_rows(shape, dtype, device, gen, scale=1.0):
@@ -79,22 +80,28 @@ def _make_softmax(shape, dtype, device, gen):
     return _make_rows(shape, dtype, device, gen, scale=3.0)
 
 
-def _make_layernorm(shape, dtype, device, gen):
+def _make_layernorm(shape, dtype, device, gen, eps=1e-5, affine=True):
     M, N = shape
     return {"x": _randn((M, N), dtype, device, gen, scale=2.0, shift=0.5),
-            "weight": _affine_weight(N, dtype, device, gen),
-            "bias": _randn((N,), dtype, device, gen, scale=0.2)}
+            "weight": _affine_weight(N, dtype, device, gen) if affine else None,
+            "bias": _randn((N,), dtype, device, gen, scale=0.2) if affine else None,
+            "eps": eps}
 
 
-def _make_rmsnorm(shape, dtype, device, gen):
+def _make_rmsnorm(shape, dtype, device, gen, eps=1e-6, affine=True):
     M, N = shape
     return {"x": _randn((M, N), dtype, device, gen, scale=2.0),
-            "weight": _affine_weight(N, dtype, device, gen)}
+            "weight": _affine_weight(N, dtype, device, gen) if affine else None, "eps": eps}
 
 
-def _make_attention(shape, dtype, device, gen):
+def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=None):
+    """H in the shape is the query heads; kv_groups query heads share a key/value head (the
+    largest divisor of H not above kv_groups, so every shape takes every variant)."""
     B, H, S, D = shape
-    return {name: _randn((B, H, S, D), dtype, device, gen) for name in ("Q", "K", "V")}
+    groups = max(g for g in range(1, kv_groups + 1) if H % g == 0)
+    q = _randn((B, H, S, D), dtype, device, gen)
+    k, v = (_randn((B, H // groups, S, D), dtype, device, gen) for _ in range(2))
+    return {"Q": q, "K": k, "V": v, "causal": causal, "scale": scale}
 
 
 def _make_fused_mlp(shape, dtype, device, gen):
@@ -118,15 +125,19 @@ def _make_rotary(shape, dtype, device, gen):
     return {"x": _randn((B, H, S, D), dtype, device, gen), "cos": cos, "sin": sin}
 
 
-def _make_reduce(shape, dtype, device, gen):
-    return _make_rows(shape, dtype, device, gen)
+def _make_reduce(shape, dtype, device, gen, dim=-1, inner=1):
+    """x[M, N] summed over dim (-1: rows, 0: columns); inner > 1 makes x[M, N, inner] summed over
+    dim 1, the general case of a dim with dims on both sides."""
+    M, N = shape
+    size = (M, N) if inner == 1 else (M, N, inner)
+    return {"x": _randn(size, dtype, device, gen), "dim": dim}
 
 
-def _row_norm_rms(inputs):
-    # A row sum's natural scale: the RMS over rows of each row's L2 norm (sqrt(N) for unit
-    # values), what the output's RMS is anyway when there are many rows.
+def _sum_norm_rms(inputs):
+    # A sum's natural scale: the RMS of the L2 norms of the vectors summed (sqrt(N) for N unit
+    # values), what the output's RMS is anyway when there are many outputs.
     x = inputs["x"].double()
-    return float(x.square().sum(-1).mean().sqrt()) if x.numel() else 1.0
+    return float(x.square().sum(inputs["dim"]).mean().sqrt()) if x.numel() else 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,22 +149,21 @@ def _big(dtype):
     return 1e4 if dtype == torch.float16 else 1e6
 
 
-def _adv_matmul(shape, dtype, device, gen):
+def _adv_matmul(shape, dtype, device, gen, **options):
     M, N, K = shape
-    inp = _make_matmul(shape, dtype, device, gen)
+    inp = _make_matmul(shape, dtype, device, gen, **options)
     # Wide dynamic range: rows of A and columns of B scaled over 2^-6 .. 2^0. Scales stay <= 1 so
     # every output element keeps the error budget of an unscaled one: with scales above 1, fp32
     # rounding where a dot product cancels exceeds the elementwise 1e-4 for ANY fp32 kernel
     # (torch's own fp32 matmul included), which would test luck, not kernels.
     rs = 2.0 ** torch.randint(-6, 1, (M, 1), device=device, generator=gen).float()
     cs = 2.0 ** torch.randint(-6, 1, (1, N), device=device, generator=gen).float()
-    wide = {"A": (inp["A"].float() * rs).to(dtype), "B": (inp["B"].float() * cs).to(dtype)}
-    ones = {"A": torch.ones((M, K), device=device, dtype=dtype),
-            "B": _randn((K, N), dtype, device, gen)}
+    wide = dict(inp, A=(inp["A"].float() * rs).to(dtype), B=(inp["B"].float() * cs).to(dtype))
+    ones = dict(inp, A=torch.ones((M, K), device=device, dtype=dtype))
     return [("wide dynamic range", wide), ("all-ones A", ones)]
 
 
-def _adv_softmax(shape, dtype, device, gen):
+def _adv_softmax(shape, dtype, device, gen, **options):
     M, N = shape
     big = _big(dtype)
     equal = {"x": torch.full((M, N), big, device=device, dtype=dtype)}
@@ -165,27 +175,27 @@ def _adv_softmax(shape, dtype, device, gen):
 
 
 def _adv_norm(make):
-    def adv(shape, dtype, device, gen):
+    def adv(shape, dtype, device, gen, **options):
         M, N = shape
-        near_const = make(shape, dtype, device, gen)
+        near_const = make(shape, dtype, device, gen, **options)
         # Tiny variance on a large mean: E[x^2] - E[x]^2 cancels catastrophically. fp32 inputs
         # get a milder ratio, since fp32 rounding of the mean alone would break 1e-4 at 1e-3/3.
         noise, mean = (1e-2, 1.0) if dtype == torch.float32 else (1e-3, 3.0)
         near_const["x"] = _randn((M, N), dtype, device, gen, scale=noise, shift=mean)
-        large = make(shape, dtype, device, gen)
+        large = make(shape, dtype, device, gen, **options)
         large["x"] = _randn((M, N), dtype, device, gen, scale=_big(dtype) / 100,
                             shift=_big(dtype) / 50)
         return [("near-zero variance", near_const), ("large mean and magnitude", large)]
     return adv
 
 
-def _adv_attention(shape, dtype, device, gen):
-    inp = _make_attention(shape, dtype, device, gen)
+def _adv_attention(shape, dtype, device, gen, **options):
+    inp = _make_attention(shape, dtype, device, gen, **options)
     sharp = dict(inp, Q=(inp["Q"].float() * 8).to(dtype), K=(inp["K"].float() * 8).to(dtype))
     return [("sharp scores (online softmax rescaling)", sharp)]
 
 
-def _adv_fused_mlp(shape, dtype, device, gen):
+def _adv_fused_mlp(shape, dtype, device, gen, **options):
     inp = _make_fused_mlp(shape, dtype, device, gen)
     # Gate pre-activations ~N(0, 64): silu saturates on both sides (exp overflows in fp16 math);
     # the up projection shrinks by as much so the product, and its fp16 rounding, stay O(1).
@@ -193,7 +203,7 @@ def _adv_fused_mlp(shape, dtype, device, gen):
                                     w_up=(inp["w_up"].float() / 8).to(dtype)))]
 
 
-def _adv_cross_entropy(shape, dtype, device, gen):
+def _adv_cross_entropy(shape, dtype, device, gen, **options):
     M, V = shape
     big = _big(dtype)
     logits = _randn((M, V), dtype, device, gen, scale=big / 8)
@@ -205,7 +215,7 @@ def _adv_cross_entropy(shape, dtype, device, gen):
             ("targets 0 and V-1, confident", {"logits": confident, "targets": edge_targets})]
 
 
-def _adv_rotary(shape, dtype, device, gen):
+def _adv_rotary(shape, dtype, device, gen, **options):
     inp = _make_rotary(shape, dtype, device, gen)
     # Large enough that fp16 intermediates (x1*cos rounded before the subtraction) fail, small
     # enough that fp32 math stays inside the fp32 tolerance where the two products cancel.
@@ -213,14 +223,14 @@ def _adv_rotary(shape, dtype, device, gen):
     return [("large values", dict(inp, x=(inp["x"].float() * scale).to(dtype)))]
 
 
-def _adv_reduce(shape, dtype, device, gen):
+def _adv_reduce(shape, dtype, device, gen, dim=-1, inner=1):
     M, N = shape
     # Positive values whose sum stays finite in fp16 but loses digits with an fp16 accumulator.
     top = 6.0e4 / N if dtype == torch.float16 else 8.0
     # (No cancelling case: elementwise tolerance on a sum that cancels to ~0 fails every fp32
     # accumulator, so it would test luck, not kernels.)
     pos = (torch.rand((M, N), device=device, generator=gen) * top).to(dtype)
-    return [("positive, fp16 accumulation loses digits", {"x": pos})]
+    return [("positive, fp16 accumulation loses digits", {"x": pos, "dim": -1})]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,9 +241,9 @@ def _es(dtype):
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _attention_flops(s):
+def _attention_flops(s, causal=True, **options):
     B, H, S, D = s
-    return 4 * B * H * S * S * D / 2  # causal: half of QK^T and PV
+    return 4 * B * H * S * S * D / (2 if causal else 1)  # causal: half of QK^T and PV
 
 
 from autokernel import KERNEL_TYPE_NAMES  # noqa: E402
@@ -242,11 +252,11 @@ from autokernel import KERNEL_TYPE_NAMES  # noqa: E402
 @dataclass(frozen=True)
 class KernelType:
     name: str
-    args: tuple                 # kernel_fn's tensor arguments, in order (all passed by name)
+    args: tuple                 # kernel_fn's arguments, in order (all passed by name)
     shape_names: tuple          # what each entry of a shape tuple means
-    make_inputs: Callable       # (shape, dtype, device, gen) -> {arg: tensor}
-    adversarial: Callable       # (shape, dtype, device, gen) -> [(label, {arg: tensor}), ...]
-    flops: Callable             # shape -> floating-point operations
+    make_inputs: Callable       # (shape, dtype, device, gen, **variant) -> {arg: value}
+    adversarial: Callable       # (shape, dtype, device, gen, **variant) -> [(label, {arg: value})]
+    flops: Callable             # (shape, **variant) -> floating-point operations
     bytes: Callable             # (shape, dtype) -> fewest bytes moved through device memory
     bound: str                  # "memory" or "compute": how the roofline judges it
     gpu_shapes: dict            # stage -> [shape, ...]; "primary" is a single shape
@@ -256,6 +266,10 @@ class KernelType:
     # inputs -> the size of the terms one output element adds up, for types whose outputs can
     # cancel to ~0 (a sum); mismatches() never judges atol below it. None: 1.
     term_scale: Callable = None
+    # What real models vary, as options of make_inputs: the gate cycles through these over its
+    # shapes (every one is judged in every dtype); the first is the default, what is timed
+    # unless the kernel file's BENCH_VARIANT names another.
+    variants: tuple = ({},)
 
     def shapes(self, stage: str):
         return (self.gpu_shapes if CUDA else self.cpu_shapes)[stage]
@@ -265,8 +279,17 @@ class KernelType:
             return [torch.float16, torch.float32]
         return [torch.float16, torch.bfloat16, torch.float32]
 
-    def inputs(self, shape, dtype, device=DEVICE, gen=None):
-        return self.make_inputs(tuple(shape), dtype, device, gen)
+    def inputs(self, shape, dtype, device=DEVICE, gen=None, variant=None):
+        return self.make_inputs(tuple(shape), dtype, device, gen, **(variant or {}))
+
+    def check_variant(self, variant):
+        """A BENCH_VARIANT's options, or a ValueError naming the ones this type takes."""
+        known = {k for v in self.variants for k in v}
+        unknown = set(variant or {}) - known
+        if unknown:
+            raise ValueError(f"BENCH_VARIANT option {sorted(unknown)[0]!r} is not one of "
+                             f"{self.name}'s: {', '.join(sorted(known)) or 'none'}")
+        return dict(variant or {})
 
     def reference(self, **inputs):
         import reference
@@ -302,10 +325,10 @@ NORM_CPU_SHAPES = _shape_sets((64, 1024), [(1, 16), (4, 128), (16, 768), (8, 409
 
 KERNEL_TYPES = {k.name: k for k in [
     KernelType(
-        "matmul", ("A", "B"), ("M", "N", "K"), _make_matmul, _adv_matmul,
-        flops=lambda s: 2 * s[0] * s[1] * s[2],
+        "matmul", ("A", "B", "bias"), ("M", "N", "K"), _make_matmul, _adv_matmul,
+        flops=lambda s, **v: 2 * s[0] * s[1] * s[2],
         bytes=lambda s, dt: (s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * _es(dt),
-        bound="compute", uses_dot=True,
+        bound="compute", uses_dot=True, variants=({}, {"bias": True}),
         gpu_shapes=_shape_sets((4096, 4096, 4096),
                                [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
                                 (4096, 4096, 4096), (8192, 8192, 8192), (128, 4096, 4096),
@@ -319,7 +342,7 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(33, 17, 1023), (1, 31, 65), (31, 1537, 16)])),
     KernelType(
         "softmax", ("x",), ("M", "N"), _make_softmax, _adv_softmax,
-        flops=lambda s: 5 * s[0] * s[1],
+        flops=lambda s, **v: 5 * s[0] * s[1],
         bytes=lambda s, dt: 2 * s[0] * s[1] * _es(dt),
         bound="memory",
         gpu_shapes=_shape_sets((8192, 8192),
@@ -333,32 +356,34 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(4, 512)],
                                [(3, 1023), (2, 4097), (5, 1537), (2, 50257), (1, 128256)])),
     KernelType(
-        "layernorm", ("x", "weight", "bias"), ("M", "N"), _make_layernorm,
+        "layernorm", ("x", "weight", "bias", "eps"), ("M", "N"), _make_layernorm,
         _adv_norm(_make_layernorm),
-        flops=lambda s: 8 * s[0] * s[1],
+        flops=lambda s, **v: 8 * s[0] * s[1],
         bytes=lambda s, dt: (2 * s[0] * s[1] + 2 * s[1]) * _es(dt),
-        bound="memory",
+        bound="memory", variants=({}, {"eps": 1e-12}, {"eps": 1e-6, "affine": False}),
         gpu_shapes=_shape_sets((8192, 4096),
                                [(1, 768), (128, 1024), (2048, 768), (4096, 1024), (8192, 4096),
                                 (4096, 8192), (16384, 2048), (1024, 16384)],
                                [(512, 4096)], NORM_GPU_EDGE),
         cpu_shapes=NORM_CPU_SHAPES),
     KernelType(
-        "rmsnorm", ("x", "weight"), ("M", "N"), _make_rmsnorm, _adv_norm(_make_rmsnorm),
-        flops=lambda s: 4 * s[0] * s[1],
+        "rmsnorm", ("x", "weight", "eps"), ("M", "N"), _make_rmsnorm, _adv_norm(_make_rmsnorm),
+        flops=lambda s, **v: 4 * s[0] * s[1],
         bytes=lambda s, dt: (2 * s[0] * s[1] + s[1]) * _es(dt),
-        bound="memory",
+        bound="memory", variants=({}, {"eps": 1e-5}, {"affine": False}),
         gpu_shapes=_shape_sets((8192, 8192),
                                [(1, 4096), (128, 4096), (2048, 2048), (4096, 4096), (8192, 8192),
                                 (16384, 4096), (4096, 11008), (1024, 16384)],
                                [(512, 4096)], NORM_GPU_EDGE),
         cpu_shapes=NORM_CPU_SHAPES),
     KernelType(
-        "flash_attention", ("Q", "K", "V"), ("B", "H", "S", "D"), _make_attention,
+        "flash_attention", ("Q", "K", "V", "causal", "scale"), ("B", "H", "S", "D"), _make_attention,
         _adv_attention,
         flops=_attention_flops,
         bytes=lambda s, dt: 4 * s[0] * s[1] * s[2] * s[3] * _es(dt),
         bound="compute", uses_dot=True,
+        variants=({}, {"causal": False}, {"kv_groups": 4},
+                  {"causal": False, "kv_groups": 2, "scale": 0.3}),
         gpu_shapes=_shape_sets((2, 32, 2048, 128),
                                [(1, 8, 128, 64), (1, 16, 512, 64), (2, 16, 1024, 128),
                                 (2, 32, 2048, 128), (1, 32, 4096, 64), (4, 12, 1024, 64),
@@ -367,14 +392,14 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(1, 4, 127, 64), (2, 8, 1023, 128), (1, 2, 1537, 64),
                                 (1, 1, 1, 64), (3, 5, 257, 128)]),
         cpu_shapes=_shape_sets((1, 2, 128, 64),
-                               [(1, 1, 16, 16), (1, 2, 64, 32), (2, 1, 64, 64),
-                                (1, 1, 128, 128)],
-                               [(1, 1, 64, 32)],
-                               [(1, 1, 127, 64), (1, 1, 33, 128), (1, 1, 1, 32)])),
+                               [(1, 1, 16, 16), (1, 2, 64, 32), (1, 4, 32, 32),
+                                (1, 2, 64, 64)],
+                               [(1, 2, 64, 32)],
+                               [(1, 1, 127, 64), (1, 1, 33, 128), (1, 4, 1, 32)])),
     KernelType(
         "fused_mlp", ("x", "w_gate", "w_up", "w_down"), ("M", "D", "F"), _make_fused_mlp,
         _adv_fused_mlp,
-        flops=lambda s: 6 * s[0] * s[1] * s[2],
+        flops=lambda s, **v: 6 * s[0] * s[1] * s[2],
         bytes=lambda s, dt: (2 * s[0] * s[1] + 3 * s[1] * s[2]) * _es(dt),
         bound="compute", uses_dot=True,
         gpu_shapes=_shape_sets((2048, 4096, 11008),
@@ -390,7 +415,7 @@ KERNEL_TYPES = {k.name: k for k in [
     KernelType(
         "cross_entropy", ("logits", "targets"), ("M", "V"), _make_cross_entropy,
         _adv_cross_entropy,
-        flops=lambda s: 4 * s[0] * s[1],
+        flops=lambda s, **v: 4 * s[0] * s[1],
         bytes=lambda s, dt: s[0] * s[1] * _es(dt) + 8 * s[0] + 4,
         bound="memory", out_dtype=torch.float32,
         gpu_shapes=_shape_sets((8192, 32000),
@@ -405,7 +430,7 @@ KERNEL_TYPES = {k.name: k for k in [
     KernelType(
         "rotary_embedding", ("x", "cos", "sin"), ("B", "H", "S", "D"), _make_rotary,
         _adv_rotary,
-        flops=lambda s: 3 * s[0] * s[1] * s[2] * s[3],
+        flops=lambda s, **v: 3 * s[0] * s[1] * s[2] * s[3],
         bytes=lambda s, dt: (2 * s[0] * s[1] * s[2] * s[3] + s[2] * s[3]) * _es(dt),
         bound="memory",
         gpu_shapes=_shape_sets((2, 32, 2048, 128),
@@ -420,10 +445,11 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(1, 2, 32, 64)],
                                [(1, 1, 127, 64), (1, 3, 1023, 32), (1, 1, 1537, 16)])),
     KernelType(
-        "reduce", ("x",), ("M", "N"), _make_reduce, _adv_reduce,
-        flops=lambda s: s[0] * s[1],
+        "reduce", ("x", "dim"), ("M", "N"), _make_reduce, _adv_reduce,
+        flops=lambda s, **v: s[0] * s[1],
         bytes=lambda s, dt: (s[0] * s[1] + s[0]) * _es(dt),
-        bound="memory", term_scale=_row_norm_rms,
+        bound="memory", term_scale=_sum_norm_rms,
+        variants=({}, {"dim": 0}, {"dim": 1, "inner": 8}),
         gpu_shapes=_shape_sets((16384, 4096),
                                [(1, 4096), (128, 1024), (1024, 4096), (4096, 4096), (16384, 4096),
                                 (8192, 8192), (4096, 32000), (65536, 256)],
@@ -473,7 +499,8 @@ def mismatches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, floor:
     return ~torch.isclose(got, want, rtol=tol, atol=atol), atol
 
 
-def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict) -> dict:
+def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict,
+             variant=None) -> dict:
     """Achieved TFLOP/s and GB/s, and pct_peak = achieved over attainable, at most 100%.
 
     ceilings: {"bandwidth_gb_s": measured copy GB/s, "tflops": measured matmul TFLOP/s}.
@@ -481,7 +508,7 @@ def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict)
     ceilings are what cuBLAS and a copy reach, so a kernel can beat them (a Triton matmul beats
     cuBLAS at 4096^3 on the H100): then the kernel itself is the best attainable we know of,
     pct_peak is 100 and above_ceiling says so (the raw ratio stays in the achieved numbers)."""
-    flops, nbytes = ktype.flops(shape), ktype.bytes(shape, dtype)
+    flops, nbytes = ktype.flops(shape, **(variant or {})), ktype.bytes(shape, dtype)
     seconds = latency_us * 1e-6
     tflops = flops / seconds / 1e12 if seconds > 0 else 0.0
     gb_s = nbytes / seconds / 1e9 if seconds > 0 else 0.0
@@ -491,7 +518,3 @@ def roofline(ktype: KernelType, shape, dtype, latency_us: float, ceilings: dict)
     pct = 100.0 * floor_s / seconds if seconds > 0 and floor_s > 0 else float("nan")
     return {"throughput_tflops": tflops, "bandwidth_gb_s": gb_s, "pct_peak": min(pct, 100.0),
             "above_ceiling": pct > 100.0, "floor_us": floor_s * 1e6}
-
-
-def fmt_float(x, digits=3):
-    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"

@@ -24,16 +24,6 @@ OTHER = "other"
 # Shape functions get (input_shapes, concrete_inputs) as the profiler records them and return
 # the kernel type's shape tuple, or a string saying why there is none.
 
-class Untyped(str):
-    """A shape function's answer for an op that is NOT its kernel type (e.g. bidirectional
-    attention): the op is classified in `group` with no kernel type, and the reason is its note."""
-
-    def __new__(cls, reason, group):
-        obj = super().__new__(cls, reason)
-        obj.group = group
-        return obj
-
-
 def _rows(shape):
     """(M, N) of a tensor reduced/normalized over its last dim."""
     return (math.prod(shape[:-1]), shape[-1])
@@ -41,10 +31,20 @@ def _rows(shape):
 
 def is_last_dim(dim, ndim):
     """Whether a dim argument (an int, or a one-element list or tuple) names the last of ndim
-    dims: the kernel types reduce and normalize over the last dim only."""
+    dims: softmax is over the last dim only."""
     if isinstance(dim, (list, tuple)):
         dim = dim[0] if len(dim) == 1 else None
     return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
+
+
+def one_dim(dim, ndim):
+    """The dim argument (an int, or a one-element list or tuple) as one index in 0..ndim-1, or
+    None when it names no single dim (None, several dims, out of range)."""
+    if isinstance(dim, (list, tuple)):
+        dim = dim[0] if len(dim) == 1 else None
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim:
+        return None
+    return dim % ndim
 
 
 def _concrete(concrete, i):
@@ -77,28 +77,26 @@ def _softmax_shape(shapes, concrete):
     return _rows(x) if is_last_dim(dim, len(x)) else f"softmax over dim {dim}, not the last"
 
 
-def _layer_norm_shape(shapes, concrete):
+def _norm_shape(shapes, concrete):
+    """(M, N) of a norm over the trailing dims its normalized_shape names (one or several)."""
     x, normalized = shapes[0], _concrete(concrete, 1)
-    if normalized is not None and len(normalized) != 1:
-        return f"layer_norm over {len(normalized)} dims, not the last one"
-    if len(shapes) < 3 or not shapes[2] or not shapes[3]:
-        return "layer_norm without weight and bias"
-    return _rows(x)
-
-
-def _rms_norm_shape(shapes, concrete):
-    if len(shapes) < 3 or not shapes[2]:
-        return "rms_norm without weight"
-    return _rows(shapes[0])
+    k = len(normalized) if isinstance(normalized, (list, tuple)) and normalized else 1
+    if not x or k > len(x):
+        return "norm of a scalar"
+    return (math.prod(x[:-k]), math.prod(x[-k:]))
 
 
 def _sum_shape(shapes, concrete):
+    """(M, N): N the summed dim's size, M the count of sums."""
     x, dims = shapes[0], _concrete(concrete, 1)
     if not x:
         return "sum of a scalar"
     if dims is None:
         return "sum dims not recorded by this torch's profiler"
-    return _rows(x) if is_last_dim(dims, len(x)) else f"sum over dims {dims}, not the last"
+    d = one_dim(dims, len(x))
+    if d is None:
+        return f"sum over dims {dims}, not over one dim"
+    return (math.prod(x) // x[d] if x[d] else 0, x[d])
 
 
 def _cross_entropy_shape(shapes, concrete):
@@ -116,18 +114,10 @@ def _sdpa_shape(shapes, concrete):
     q, k, v = shapes[0], shapes[1], shapes[2]
     if len(shapes) > 3 and shapes[3]:
         return "attention with an explicit mask"
-    causal = _concrete(concrete, 5)
-    if causal is None:
-        return "is_causal not recorded by this torch's profiler"
-    if not causal:
-        return Untyped("bidirectional attention (the flash_attention kernel is causal)",
-                       "attention")
-    if not (q == k == v) or len(q) != 4:
-        return f"q/k/v shapes differ ({q}, {k}, {v}): grouped-query or cross attention"
-    scale = _concrete(concrete, 6)
-    if scale is not None and abs(scale * math.sqrt(q[-1]) - 1) > 1e-6:
-        return f"attention with a custom scale {scale:g} (the kernel's is 1/sqrt(D))"
-    return tuple(q)
+    if len(q) != 4 or len(k) != 4 or k != v or q[0] != k[0] or q[2:] != k[2:] \
+            or q[1] % k[1]:
+        return f"q/k/v shapes differ ({q}, {k}, {v}): cross attention"
+    return tuple(q)  # causal or not, grouped-query heads and any scale are the contract's
 
 
 def _table(*rows):
@@ -149,8 +139,8 @@ OP_TABLE = _table(
     ("softmax", "softmax", _softmax_shape, "softmax _softmax"),
     ("log_softmax", None, None, "log_softmax _log_softmax"),
     ("attention", None, None, "_native_multi_head_attention multi_head_attention_forward"),
-    ("layernorm", "layernorm", _layer_norm_shape, "layer_norm native_layer_norm"),
-    ("rmsnorm", "rmsnorm", _rms_norm_shape, "rms_norm _fused_rms_norm"),
+    ("layernorm", "layernorm", _norm_shape, "layer_norm native_layer_norm"),
+    ("rmsnorm", "rmsnorm", _norm_shape, "rms_norm _fused_rms_norm"),
     ("normalization", None, None, "group_norm native_group_norm batch_norm native_batch_norm "
      "_native_batch_norm_legit_no_training instance_norm"),
     ("flash_attention", "flash_attention", _sdpa_shape, "scaled_dot_product_attention"),
@@ -214,8 +204,6 @@ def classify_op(name, shapes, concrete):
         shape = shape_fn(shapes, concrete)
     except (IndexError, TypeError, ValueError) as e:
         shape = f"could not read {name}'s input shapes ({e})"
-    if isinstance(shape, Untyped):
-        return shape.group, None, None, str(shape)
     if isinstance(shape, str):
         return group, ktype, None, shape
     return group, ktype, tuple(int(d) for d in shape), ""

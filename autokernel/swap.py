@@ -11,25 +11,27 @@ torch custom op for compiled and exported models.
 The rules (SWAP_RULES, one entry per kernel type):
   * While a kernel type is active, the torch entry points its rule handles are patched (and
     restored on exit): F.linear, torch.addmm (transformers' Conv1D) and x @ W with a 2-D W
-    (matmul), F.scaled_dot_product_attention (causal, no mask/dropout, default scale:
-    flash_attention; GQA key/value heads are repeated), F.layer_norm (layernorm), F.softmax /
-    torch.softmax / Tensor.softmax over the last dim (softmax), F.cross_entropy (mean over 2-D
-    logits: cross_entropy), torch.sum / Tensor.sum over the last dim (reduce) and F.rms_norm.
+    (matmul, the bias going into the kernel's epilogue), F.scaled_dot_product_attention (no
+    mask or dropout; causal or not, any scale, grouped-query heads read by the kernel:
+    flash_attention), F.layer_norm and F.rms_norm over one or several trailing dims, with their
+    eps and with or without affine parameters (layernorm, rmsnorm), F.softmax / torch.softmax /
+    Tensor.softmax over the last dim (softmax), F.cross_entropy (mean over 2-D logits:
+    cross_entropy), torch.sum / Tensor.sum over any one dim (reduce).
     Patching, not a TorchFunctionMode: a mode would tax every torch call of the forward. The
     price: a name bound before the swap (`from torch.nn.functional import linear`) is not seen.
   * Module swaps: RMSNorm-like modules (rmsnorm), SwiGLU MLPs with w_gate/w_up/w_down or
     gate_proj/up_proj/down_proj (fused_mlp), models/layers.RotaryEmbedding and transformers'
     LLaMA-style apply_rotary_pos_emb (rotary_embedding).
-  * A call whose arguments fall outside the kernel contract (an attention mask, an eps that is not
-    the contract's, GQA without enable_gqa, ...) runs the original op and is counted as a fallback
-    with its reason. A kernel that never ran during the forward is a FAILURE, not a replacement.
-  * Glue outside the kernels is torch and is counted in the timings: F.linear's and addmm's
-    bias is added after the matmul kernel, non-contiguous arguments are copied to contiguous
-    ones, cos/sin tables are sliced and cast. Weights for the matmul kernel are transposed to
+  * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
+    without enable_gqa, ...) runs the original op and is counted as a fallback with its reason.
+    A kernel that never ran during the forward is a FAILURE, not a replacement.
+  * Glue outside the kernels is torch and is counted in the timings: non-contiguous arguments
+    are copied to contiguous ones, cos/sin tables are sliced and cast. Weights for the matmul kernel are transposed to
     contiguous [K, N] copies ONCE per weight (a load-time layout change, like a serving
     engine's; weight_layout="view", verify.py's --weight-layout view, passes the strided W.t()
     view instead, for kernels that honour strides). A copy whose rows would not be a multiple
-    of 16 bytes (GPT-2's vocabulary of 50257) gets zero columns up to the next multiple, and
+    of 16 bytes (GPT-2's vocabulary of 50257) gets zero columns (and its bias zeros) up to the
+    next multiple, and
     the kernel's output is viewed back to N columns: unaligned rows rule out vector loads and
     TMA and make a matmul like GPT-2's lm_head several times slower (torch.compile pads such
     matmuls too; nanoGPT pads its vocabulary). The kernel is picked and reported by the
@@ -50,9 +52,8 @@ import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 
 import autokernel
-import reference
 from autokernel.cli import describe
-from autokernel.recognize import is_last_dim
+from autokernel.recognize import is_last_dim, one_dim
 from autokernel.results import rel
 
 FALLBACK = object()  # a handler's "not mine: run the original op"
@@ -95,7 +96,8 @@ class KernelOp:
         self.specs = {}  # input shapes and dtypes -> the reference's output (shape, dtype)
 
     def __call__(self, shape, **inputs):
-        key = tuple((tuple(v.shape), v.dtype) for v in inputs.values())
+        key = tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+                    for v in inputs.values())
         try:
             if key not in self.specs:
                 self.specs[key] = _output_spec(self.ktype, inputs)
@@ -119,7 +121,8 @@ class KernelOp:
 
 def _output_spec(ktype, inputs):
     """(shape, dtype) the reference produces for these inputs, found on the meta device."""
-    meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in inputs.items()}
+    meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta")
+            if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     out = ktype.eager(**meta)
     return tuple(out.shape), out.dtype
 
@@ -147,6 +150,18 @@ class WeightCache:
         copy = weight.new_zeros((k, padded))
         copy[:, :n] = weight.detach().t()
         self.copies[key] = (weakref.ref(weight), weight._version, copy)
+        return copy
+
+    def padded_bias(self, bias, width):
+        """bias [N] with zeros up to `width` (the padded weight copy's columns), made once."""
+        if bias is None or bias.shape[0] == width:
+            return bias
+        hit = self.copies.get(id(bias))
+        if hit and hit[0]() is bias and hit[1] == bias._version:
+            return hit[2]
+        copy = bias.new_zeros((width,))
+        copy[:bias.shape[0]] = bias.detach()
+        self.copies[id(bias)] = (weakref.ref(bias), bias._version, copy)
         return copy
 
 
@@ -295,27 +310,20 @@ def _rows(x):
     return x.reshape(-1, x.shape[-1]).contiguous()
 
 
-def _same_eps(eps, contract):
-    return eps is not None and math.isclose(float(eps), contract, rel_tol=1e-6)
-
-
 def _linear(swap, input, weight, bias=None):
     if input.dtype not in FLOAT_DTYPES or weight.dtype != input.dtype or weight.dim() != 2 \
             or input.numel() == 0:
         return swap.fallback("matmul", "dtype or shape outside the contract")
-    if bias is not None and bias.dtype != input.dtype:
-        return swap.fallback("matmul", "bias dtype differs")
+    if bias is not None and (bias.dtype != input.dtype or bias.shape != weight.shape[:1]):
+        return swap.fallback("matmul", "bias dtype or shape differs")
     A, N = _rows(input), weight.shape[0]
     if swap.weight_layout == "view":
-        out = swap.run("matmul", A=A, B=weight.t())
+        out = swap.run("matmul", A=A, B=weight.t(), bias=bias)
     else:  # [K, N] padded to 16-byte rows: the kernel computes zero columns, the view drops them
-        out = swap.run("matmul", A=A, B=swap.weights.transposed(weight),
+        B = swap.weights.transposed(weight)
+        out = swap.run("matmul", A=A, B=B, bias=swap.weights.padded_bias(bias, B.shape[1]),
                        model_shape=(A.shape[0], N, A.shape[1]))[:, :N]
-    out = out.view(*input.shape[:-1], N)
-    if bias is not None:
-        swap.note("matmul", "F.linear bias added in torch after the kernel")
-        out = out + bias
-    return out
+    return out.view(*input.shape[:-1], N)
 
 
 def _addmm(swap, input, mat1, mat2, *, beta=1, alpha=1):
@@ -324,7 +332,10 @@ def _addmm(swap, input, mat1, mat2, *, beta=1, alpha=1):
             or mat1.dtype not in FLOAT_DTYPES or mat2.dtype != mat1.dtype \
             or input.dtype != mat1.dtype:
         return swap.fallback("matmul", "addmm outside the contract")
-    swap.note("matmul", "addmm bias added in torch after the kernel")
+    if input.shape == mat2.shape[1:]:  # a bias row: the kernel adds it
+        return swap.run("matmul", A=mat1.contiguous(), B=mat2.contiguous(),
+                        bias=input.contiguous())
+    swap.note("matmul", "addmm's [M, N] input added in torch after the kernel")
     return swap.run("matmul", A=mat1.contiguous(), B=mat2.contiguous()) + input
 
 
@@ -335,7 +346,7 @@ def _matmul(swap, input, other):
         return swap.fallback("matmul", "batched or vector matmul")
     if input.dtype not in FLOAT_DTYPES or other.dtype != input.dtype or input.numel() == 0:
         return swap.fallback("matmul", "dtype or shape outside the contract")
-    out = swap.run("matmul", A=_rows(input), B=other.contiguous())
+    out = swap.run("matmul", A=_rows(input), B=other.contiguous(), bias=None)
     return out.view(*input.shape[:-1], other.shape[1])
 
 
@@ -346,56 +357,66 @@ def _sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
         reason = "attention mask"
     elif dropout_p:
         reason = "dropout"
-    elif not is_causal:
-        reason = "not causal"
     elif query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         reason = "not [B, H, S, D]"
     elif query.shape[2] != key.shape[2] or value.shape != key.shape \
             or query.shape[-1] != key.shape[-1] or query.shape[0] != key.shape[0]:
         reason = "query/key/value shapes differ"
-    elif scale is not None and not math.isclose(scale, query.shape[-1] ** -0.5, rel_tol=1e-6):
-        reason = "non-default scale"
     elif query.dtype not in FLOAT_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
         reason = "dtype outside the contract"
     elif key.shape[1] != query.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):
         reason = "head counts differ"
     if reason:
         return swap.fallback("flash_attention", reason)
-    if key.shape[1] != query.shape[1]:
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-        swap.note("flash_attention", "GQA: key/value heads repeated in torch")
     return swap.run("flash_attention", Q=query.contiguous(), K=key.contiguous(),
-                    V=value.contiguous())
+                    V=value.contiguous(), causal=bool(is_causal),
+                    scale=None if scale is None else float(scale))
+
+
+def _norm_rows(input, normalized_shape, *params):
+    """x [..., *normalized_shape] as contiguous rows [M, N] and the affine parameters flattened
+    to [N] (None stays None), or None when the shapes do not line up."""
+    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) \
+        else (normalized_shape,)
+    if not shape or tuple(input.shape[input.dim() - len(shape):]) != shape \
+            or any(p is not None and tuple(p.shape) != shape for p in params):
+        return None
+    n = math.prod(shape)
+    return (input.reshape(-1, n).contiguous(),
+            *(None if p is None else p.reshape(n).contiguous() for p in params))
 
 
 def _layer_norm(swap, input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) \
-        else (normalized_shape,)
-    if not _same_eps(eps, reference.LAYERNORM_EPS):
-        return swap.fallback("layernorm", f"eps {eps:g} != contract {reference.LAYERNORM_EPS:g}")
-    if weight is None or bias is None:
-        return swap.fallback("layernorm", "no weight or bias")
-    if len(shape) != 1 or shape[0] != input.shape[-1] or input.dtype not in FLOAT_DTYPES \
-            or weight.dtype != input.dtype or bias.dtype != input.dtype:
-        return swap.fallback("layernorm", "shape or dtype outside the contract")
-    return swap.run("layernorm", x=_rows(input), weight=weight, bias=bias).view(input.shape)
+    if input.dtype not in FLOAT_DTYPES or any(p is not None and p.dtype != input.dtype
+                                              for p in (weight, bias)):
+        return swap.fallback("layernorm", "dtype outside the contract")
+    rows = _norm_rows(input, normalized_shape, weight, bias)
+    if rows is None or input.numel() == 0:
+        return swap.fallback("layernorm", "shape outside the contract")
+    x, w, b = rows
+    return swap.run("layernorm", x=x, weight=w, bias=b, eps=float(eps)).view(input.shape)
 
 
 def _rms_norm(swap, input, normalized_shape, weight=None, eps=None):
-    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) \
-        else (normalized_shape,)
-    if not _same_eps(eps, reference.RMSNORM_EPS):
-        return swap.fallback("rmsnorm", f"eps {eps} != contract {reference.RMSNORM_EPS:g}")
-    if weight is None or len(shape) != 1 or shape[0] != input.shape[-1] \
-            or input.dtype not in FLOAT_DTYPES or weight.dtype != input.dtype:
-        return swap.fallback("rmsnorm", "shape, weight or dtype outside the contract")
-    return swap.run("rmsnorm", x=_rows(input), weight=weight).view(input.shape)
+    if input.dtype not in FLOAT_DTYPES or (weight is not None and weight.dtype != input.dtype):
+        return swap.fallback("rmsnorm", "dtype outside the contract")
+    rows = _norm_rows(input, normalized_shape, weight)
+    if rows is None or input.numel() == 0:
+        return swap.fallback("rmsnorm", "shape outside the contract")
+    x, w = rows
+    # F.rms_norm's eps=None means the dtype's machine epsilon.
+    eps = torch.finfo(input.dtype).eps if eps is None else float(eps)
+    return swap.run("rmsnorm", x=x, weight=w, eps=eps).view(input.shape)
 
 
-def _last_dim_input(swap, ktype, input, dim, dtype):
-    """The input of a last-dim op (softmax, sum) cast to its dtype= argument, or FALLBACK."""
-    if not isinstance(input, torch.Tensor) or input.dim() == 0 or not is_last_dim(dim, input.dim()):
+def _last_dim_input(swap, ktype, input, dim, dtype, any_dim=False):
+    """The input of a one-dim op (softmax: the last dim; sum: any_dim) cast to its dtype=
+    argument, or FALLBACK."""
+    if not isinstance(input, torch.Tensor) or input.dim() == 0:
+        return swap.fallback(ktype, "not a tensor of at least one dim")
+    if any_dim and one_dim(dim, input.dim()) is None:
+        return swap.fallback(ktype, "not over exactly one dim")
+    if not any_dim and not is_last_dim(dim, input.dim()):
         return swap.fallback(ktype, "not over the last dim")
     if dtype is not None and dtype != input.dtype:
         input = input.to(dtype)
@@ -420,12 +441,16 @@ def _softmax_torch(swap, input, dim, dtype=None):
     return _softmax_common(swap, input, dim, dtype)
 
 
+def _capturing():
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _hits_ignore_index(swap, target, ignore_index):
     """Whether a target is ignore_index (the contract has none). Reading that back syncs, which a
     CUDA graph capture forbids: there the answer of the warm-up forwards just before it (same
     inputs, same shapes) is reused, and with none the call falls back to torch."""
     key = (tuple(target.shape), ignore_index)
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if _capturing():
         return swap.ignore_index_seen.get(key, True)
     hit = bool((target == ignore_index).any())
     swap.ignore_index_seen[key] = swap.ignore_index_seen.get(key, False) or hit
@@ -450,11 +475,12 @@ def _cross_entropy(swap, input, target, weight=None, size_average=None, ignore_i
 
 
 def _sum(swap, input, dim=None, keepdim=False, *, dtype=None):
-    input = _last_dim_input(swap, "reduce", input, dim, dtype)
+    input = _last_dim_input(swap, "reduce", input, dim, dtype, any_dim=True)
     if input is FALLBACK:
         return FALLBACK
-    out = swap.run("reduce", x=_rows(input)).view(input.shape[:-1])
-    return out.unsqueeze(-1) if keepdim else out
+    d = one_dim(dim, input.dim())
+    out = swap.run("reduce", x=input.contiguous(), dim=d)
+    return out.unsqueeze(d) if keepdim else out
 
 
 def _rmsnorm_module(swap, module):
@@ -464,16 +490,27 @@ def _rmsnorm_module(swap, module):
     eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
         return "skipped: no 1-D weight"
-    if not _same_eps(eps, reference.RMSNORM_EPS):
-        return f"skipped: eps {eps} != contract {reference.RMSNORM_EPS:g}"
-    original = module.forward
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        return "skipped: no eps attribute"
+    if _offset_weight(type(module)):
+        return "skipped: scales by (1 + weight)"
+    original, eps = module.forward, float(eps)
 
     def forward(x, *args, **kwargs):
         if args or kwargs or x.dtype != weight.dtype or x.shape[-1] != weight.shape[0]:
             swap.fallback("rmsnorm", "input dtype differs from the weight's")
             return original(x, *args, **kwargs)
-        return swap.run("rmsnorm", x=_rows(x), weight=weight).view(x.shape)
+        return swap.run("rmsnorm", x=_rows(x), weight=weight, eps=eps).view(x.shape)
     return forward
+
+
+def _offset_weight(cls):
+    """Whether an RMSNorm class scales by (1 + weight), as Gemma's does: not the contract's."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return any(s in source.replace(" ", "") for s in ("1+self.weight", "1.0+self.weight"))
 
 
 def _swiglu_module(swap, module):
@@ -531,10 +568,14 @@ def _rotary_module(swap, module):
 
 class _HalfTables:
     """transformers' cos/sin are [B, S, D] with the [S, D/2] table duplicated along the last dim
-    and repeated over the batch. Check that once per table object and keep the [S, D/2] halves."""
+    and repeated over the batch. Check that once per table object and keep the [S, D/2] halves.
+    The check reads values back (a sync), which a CUDA graph capture forbids: there the verdict
+    of the warm-up forwards at the same shapes is reused (the tables are rebuilt every forward,
+    the same way), and with none the call falls back to torch."""
 
     def __init__(self):
         self.cache = {}
+        self.verdicts = {}  # (shape, dtype) of the tables -> all checked so far had the layout
 
     def get(self, cos, sin, dtype):
         hit = self.cache.get(id(cos))
@@ -544,8 +585,14 @@ class _HalfTables:
         if cos.dim() in (2, 3) and cos.shape == sin.shape and cos.shape[-1] % 2 == 0:
             c, s = (t.reshape(-1, *t.shape[-2:]) for t in (cos, sin))
             h = c.shape[-1] // 2
-            if all(torch.equal(t[..., :h], t[..., h:]) and torch.equal(t, t[:1].expand_as(t))
-                   for t in (c, s)):
+            key = (tuple(cos.shape), cos.dtype)
+            if _capturing():
+                ok = self.verdicts.get(key, False)
+            else:
+                ok = all(torch.equal(t[..., :h], t[..., h:]) and torch.equal(t, t[:1].expand_as(t))
+                         for t in (c, s))
+                self.verdicts[key] = self.verdicts.get(key, True) and ok
+            if ok:
                 halves = tuple(t[0, :, :h].to(dtype).contiguous() for t in (c, s))
         self.cache[id(cos)] = (weakref.ref(cos), weakref.ref(sin), halves)
         return halves
@@ -611,6 +658,8 @@ SWAP_RULES = {
                                                     t["w_gate"].shape[0])),
     "cross_entropy": SwapRule(functions={(F, "cross_entropy"): _cross_entropy}),
     "rotary_embedding": SwapRule(modules=(_rotary_module,), patches=(_hf_rotary_patches,)),
-    "reduce": SwapRule(functions={(torch, "sum"): _sum, (T, "sum"): _sum}),
+    "reduce": SwapRule(functions={(torch, "sum"): _sum, (T, "sum"): _sum},
+                       contract_shape=lambda t: (t["x"].numel() // max(1, t["x"].shape[t["dim"]]),
+                                                 t["x"].shape[t["dim"]])),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)

@@ -1,26 +1,37 @@
 """
-Starter kernel: causal flash attention forward, O = softmax(Q K^T / sqrt(D), causal) V, in Triton.
+Starter kernel: flash attention forward, O = softmax(Q K^T * scale (+ causal mask)) V, in Triton.
 
-    from kernels.flash_attention import kernel_fn; O = kernel_fn(Q=Q, K=K, V=V)   # [B,H,S,D]
+    from kernels.flash_attention import kernel_fn
+    O = kernel_fn(Q=Q, K=K, V=V, causal=True, scale=None)   # Q, O [B,Hq,S,D]; K, V [B,Hkv,S,D]
     uv run bench.py            # after extract.py (or you) copied this file to kernel.py
+
+scale None is 1/sqrt(D). Grouped-query attention: Hq is a multiple of Hkv, and query head h reads
+key/value head h // (Hq // Hkv); each program offsets its K/V addresses by that head, so K and V
+are never repeated in memory (Hq == Hkv is ordinary multi-head attention).
 
 FlashAttention-2 style: one program owns BLOCK_M query rows of one (batch, head), keeps its Q tile
 in registers and streams K/V tiles through an online softmax (running max m, running sum l, fp32
 accumulator rescaled when the max grows), so the S x S score matrix never touches memory.
   * exp2 instead of exp: log2(e) is folded into the softmax scale once, outside the loop.
-  * Causal in two loops: key blocks wholly left of the diagonal need no mask at all; only the
-    blocks that straddle the diagonal build one (and they also mask keys past the end of S, so
-    any S works: 1, 127, 1023...). Blocks wholly right of the diagonal are never loaded.
-  * Heaviest query blocks first: the last query block of a head sees every key, the first sees
-    one block, so programs start from the bottom of the sequence and the light ones fill the tail.
+  * Two loops, the first with no mask at all, the second over the few key blocks that need one.
+    Causal: the first runs over the key blocks wholly left of the diagonal, the second over the
+    block that straddles it (which also masks keys past the end of S, so any S works: 1, 127,
+    1023...); blocks wholly right of the diagonal are never loaded. Not causal (causal=False):
+    the first runs over every whole block of BLOCK_N keys, the second over the partial block at
+    the end of S, if there is one, masking the keys past S.
+  * Heaviest query blocks first: with the causal mask the last query block of a head sees every
+    key, the first sees one block, so programs start from the bottom of the sequence and the
+    light ones fill the tail (without it every block sees all S keys, and the order is moot).
   * On Hopper, for large problems with contiguous [B,H,S,D] inputs, Q/K/V tiles arrive through
-    TMA descriptors over the [B*H*S, D] row view (address math and pipelining by the copy
-    engine). Any other layout (e.g. [B,S,H,D] views) takes the pointer path, which honours strides.
+    TMA descriptors over the [B*Hq*S, D] and [B*Hkv*S, D] row views (address math and pipelining
+    by the copy engine). Any other layout (e.g. [B,S,H,D] views) takes the pointer path, which
+    honours strides.
 fp32 inputs use tf32x3 dots (three tensor-core products): ~1e-6 error against the 1e-4 tolerance.
 Head dims that are not a power of two are padded to the next one with masked loads.
 
-On Hopper (sm_90), large fp16/bf16 problems with head dim 64 or 128, whose Q, K and V are
-contiguous or [B,S,H,D] buffers seen through .transpose(1, 2), take a second kernel, written in
+On Hopper (sm_90), large fp16/bf16 problems with head dim 64 or 128 and a positive scale, whose Q,
+K and V are contiguous or [B,S,H,D] buffers seen through .transpose(1, 2), take a second kernel
+(causal or not, grouped-query or not, with the same key/value head index and masks), written in
 Gluon (Triton's lower-level dialect: explicit layouts, shared memory, barriers and async
 tensor-core ops), in the style of FlashAttention-3. Plain Triton 3.6 waits
 for each tensor-core product before the softmax that follows it, and at D=128 the exp2s cost
@@ -35,8 +46,9 @@ time under ncu (SDPA's cuDNN kernel 63%) and ran at 0.83x SDPA. The Gluon kernel
     while the other's products do (measured: no gain or loss at these shapes; FA3 has it).
   * persistent CTAs (one per SM) that walk a host-made schedule: query tiles in groups of heads
     whose K/V fit in a third of L2, heaviest first, each tile handed to the CTA that frees up
-    first. Without the grouping the K/V of all 64 heads were live at once: 289 MB read from
-    DRAM against SDPA's 100 MB, and 0.92x SDPA instead of 1.05x.
+    first (a group spans Hq // Hkv times as many query heads, which share K/V). Without the
+    grouping the K/V of all 64 heads were live at once: 289 MB read from DRAM against SDPA's
+    100 MB, and 0.92x SDPA instead of 1.05x.
 On the H100 (fp16, causal): 2x32x2048x128 139 us, 1.08x SDPA (cuDNN's FA3-class kernel; the
 Triton kernel: 188 us); 1x32x4096x64 174 us, 1.06x SDPA (Triton: 180). BENCHMARKS.md sections
 2 and 12.
@@ -66,20 +78,23 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 @triton.jit
 def _attend(acc, m_i, l_i, q, k_src, v_src, kv_row0, offs_m, offs_d, start, stop, S, D, qk_scale,
-            stride_ks, stride_vs, BLOCK_N: tl.constexpr, DIAGONAL: tl.constexpr,
-            EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr):
+            stride_ks, stride_vs, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+            CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+            PRECISION: tl.constexpr):
     """Fold key/value blocks [start, stop) into the running (acc, m_i, l_i) of one query tile.
-    k_src/v_src: tensor descriptors over [B*H*S, D] rows (USE_TMA; this head starts at kv_row0),
-    or pointer tiles [BLOCK_N, BLOCK_D] at key 0 of this head."""
+    k_src/v_src: tensor descriptors over [B*Hkv*S, D] rows (USE_TMA; this kv head starts at
+    kv_row0), or pointer tiles [BLOCK_N, BLOCK_D] at key 0 of this kv head.
+    MASKED blocks may hold keys past S, and (CAUSAL) keys after some of the tile's queries: they
+    mask the scores (and the pointer loads); the others load and score every key unmasked."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         keys = start_n + offs_n
         if USE_TMA:
             # Rows past S belong to the next head (or are zero-filled past the tensor's end):
-            # only diagonal blocks reach them, and the causal mask below removes them.
+            # only masked blocks reach them, and the score mask below removes them.
             k = k_src.load([kv_row0 + start_n, 0])
             v = v_src.load([kv_row0 + start_n, 0])
-        elif DIAGONAL:  # keys past S are masked here, keys after the query below
+        elif MASKED:  # keys past S are masked here, and in the scores below
             kv_mask = keys[:, None] < S
             if not EVEN_D:
                 kv_mask = kv_mask & (offs_d[None, :] < D)
@@ -92,8 +107,11 @@ def _attend(acc, m_i, l_i, q, k_src, v_src, kv_row0, offs_m, offs_d, start, stop
             k = tl.load(k_src + start_n * stride_ks, mask=offs_d[None, :] < D, other=0.0)
             v = tl.load(v_src + start_n * stride_vs, mask=offs_d[None, :] < D, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
-        if DIAGONAL:
-            scores = tl.where(offs_m[:, None] >= keys[None, :], scores, float("-inf"))
+        if MASKED:
+            if CAUSAL:  # key <= query; this also removes keys past S from every real query row
+                scores = tl.where(offs_m[:, None] >= keys[None, :], scores, float("-inf"))
+            else:
+                scores = tl.where(keys[None, :] < S, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.math.exp2(scores - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
@@ -105,17 +123,20 @@ def _attend(acc, m_i, l_i, q, k_src, v_src, kv_row0, offs_m, offs_d, start, stop
 
 
 @triton.jit
-def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H, S, D, qk_scale,
+def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H, GROUP, S, D,
+                           qk_scale,
                            stride_qb, stride_qh, stride_qs, stride_qd,
                            stride_kb, stride_kh, stride_ks, stride_kd,
                            stride_vb, stride_vh, stride_vs, stride_vd,
                            stride_ob, stride_oh, stride_os, stride_od,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                           EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr):
+                           CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+                           PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     block_m = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest (last) query block first
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    kv_h = h // GROUP  # GROUP query heads share one key/value head (grouped-query attention)
     o_ptr += b * stride_ob + h * stride_oh
 
     offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -124,7 +145,10 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H
     q_mask = offs_m[:, None] < S
     if not EVEN_D:
         q_mask = q_mask & (offs_d[None, :] < D)
-    row0 = (bh * S).to(tl.int32)  # this head's first row in the [B*H*S, D] views (TMA path)
+    # This head's first row in the [B*H*S, D] view of Q, and its kv head's in the [B*Hkv*S, D]
+    # views of K and V (TMA path).
+    row0 = (bh * S).to(tl.int32)
+    kv_row0 = ((b * (H // GROUP) + kv_h) * S).to(tl.int32)
     if USE_TMA:
         q = q_desc.load([row0 + block_m * BLOCK_M, 0])
         k_src = k_desc
@@ -133,23 +157,28 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H
         q_ptr += b * stride_qb + h * stride_qh
         q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
                     mask=q_mask, other=0.0)
-        k_src = k_ptr + b * stride_kb + h * stride_kh + (offs_n[:, None] * stride_ks
-                                                         + offs_d[None, :] * stride_kd)
-        v_src = v_ptr + b * stride_vb + h * stride_vh + (offs_n[:, None] * stride_vs
-                                                         + offs_d[None, :] * stride_vd)
+        k_src = k_ptr + b * stride_kb + kv_h * stride_kh + (offs_n[:, None] * stride_ks
+                                                            + offs_d[None, :] * stride_kd)
+        v_src = v_ptr + b * stride_vb + kv_h * stride_vh + (offs_n[:, None] * stride_vs
+                                                            + offs_d[None, :] * stride_vd)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    diag_start = block_m * BLOCK_M  # BLOCK_M is a multiple of BLOCK_N
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_src, v_src, row0, offs_m, offs_d, 0, diag_start,
-                            S, D, qk_scale, stride_ks, stride_vs, BLOCK_N, False, EVEN_D, USE_TMA,
-                            PRECISION)
-    diag_stop = tl.minimum(diag_start + BLOCK_M, S)
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_src, v_src, row0, offs_m, offs_d, diag_start,
-                            diag_stop, S, D, qk_scale, stride_ks, stride_vs, BLOCK_N, True, EVEN_D,
-                            USE_TMA, PRECISION)
-    # Every real query row saw at least its own key, so l_i > 0 there; padded rows are not stored.
+    if CAUSAL:  # unmasked up to the diagonal block, which is masked; nothing right of it
+        mask_start = block_m * BLOCK_M  # BLOCK_M is a multiple of BLOCK_N
+        mask_stop = tl.minimum(mask_start + BLOCK_M, S)
+    else:  # every whole block of keys unmasked, then the partial one at the end of S, if any
+        mask_start = (S // BLOCK_N) * BLOCK_N
+        mask_stop = S
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_src, v_src, kv_row0, offs_m, offs_d, 0,
+                            mask_start, S, D, qk_scale, stride_ks, stride_vs, BLOCK_N, False,
+                            CAUSAL, EVEN_D, USE_TMA, PRECISION)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_src, v_src, kv_row0, offs_m, offs_d, mask_start,
+                            mask_stop, S, D, qk_scale, stride_ks, stride_vs, BLOCK_N, True,
+                            CAUSAL, EVEN_D, USE_TMA, PRECISION)
+    # Every real query row saw at least one key (its own, or key 0), so l_i > 0 there; padded
+    # rows are not stored.
     out = acc / l_i[:, None]
     tl.store(o_ptr + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od,
              out.to(o_ptr.dtype.element_ty), mask=q_mask)
@@ -164,13 +193,17 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_desc, k_desc, v_desc, H
 # phase 1 on a fresh one passes at once, which is how the producer fills the ring the first time.
 
 @gluon.jit
-def _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, start_n, MASK: gl.constexpr,
-                           BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """Online softmax of one 64 x BLOCK_N score block (log2 units after qk_scale)."""
-    if MASK:  # causal: key <= query
-        rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+def _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, start_n, S, MASK: gl.constexpr,
+                           CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Online softmax of one 64 x BLOCK_N score block (log2 units after qk_scale, which must be
+    positive: the row max is taken before scaling)."""
+    if MASK:
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where(rows[:, None] >= cols[None, :], s, float("-inf"))
+        if CAUSAL:  # key <= query (this also removes keys past S from every real row)
+            rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+            s = gl.where(rows[:, None] >= cols[None, :], s, float("-inf"))
+        else:  # keys past S
+            s = gl.where((cols < S)[None, :], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])  # the scale folds into one FMA
     alpha = gl.exp2(m_i - m_new)
@@ -179,21 +212,23 @@ def _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, start_n, MASK: gl.cons
 
 
 @gluon.jit
-def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, block, first_masked,
-                         BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """Key block `block`'s softmax: only blocks from first_masked on build the causal mask."""
+def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, block, first_masked, S,
+                         CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Key block `block`'s softmax: only blocks from first_masked on build a mask (the causal
+    one, or keys past S)."""
     if block >= first_masked:
-        return _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, block * BLOCK_N, True,
-                                      BLOCK_N, s_layout)
+        return _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, block * BLOCK_N, S, True,
+                                      CAUSAL, BLOCK_N, s_layout)
     else:
-        return _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, block * BLOCK_N, False,
-                                      BLOCK_N, s_layout)
+        return _hopper_online_softmax(s, m_i, l_i, qk_scale, row_lo, block * BLOCK_N, S, False,
+                                      CAUSAL, BLOCK_N, s_layout)
 
 
 @gluon.jit
 def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale,
                      n_qb,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr):
     """Warpgroup wg: rows 64*wg..64*wg+63 of each of this CTA's 128-row query tiles."""
     q_desc, k_desc, v_desc = descs
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn = bars
@@ -218,9 +253,13 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
         code = gl.load(sched + t)
         head_row0 = (code // n_qb) * S  # this head's first row of O, as [B*H*S, D]
         off_m = (code % n_qb) * 128
-        n_blocks = (gl.minimum(off_m + 128, S) + BLOCK_N - 1) // BLOCK_N
         row_lo = off_m + 64 * wg
-        first_masked = (row_lo + 1) // BLOCK_N  # blocks from here on hold keys past a row
+        if CAUSAL:  # keys up to the tile's last row
+            n_blocks = (gl.minimum(off_m + 128, S) + BLOCK_N - 1) // BLOCK_N
+            first_masked = (row_lo + 1) // BLOCK_N  # blocks from here on hold keys past a row
+        else:  # all S keys
+            n_blocks = (S + BLOCK_N - 1) // BLOCK_N
+            first_masked = S // BLOCK_N  # the block holding keys past S, if any
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([64, HEAD_D], gl.float32, o_layout)
@@ -236,7 +275,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
         mbarrier.arrive(q_empty, count=1, pred=n_blocks == 1)  # Q's last use
         kc += 1
         p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, 0, first_masked,
-                                                  BLOCK_N, s_layout)
+                                                  S, CAUSAL, BLOCK_N, s_layout)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
         for j in range(0, n_blocks - 1):
@@ -257,7 +296,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
             mbarrier.arrive(q_empty, count=1, pred=j + 2 == n_blocks)
             kc += 1
             p, m_i, l_i, alpha = _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, j + 1,
-                                                      first_masked, BLOCK_N, s_layout)
+                                                      first_masked, S, CAUSAL, BLOCK_N, s_layout)
             # P_j's registers stay alive until the product that reads them is done
             acc, p_done = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(vs), count=1)
@@ -272,7 +311,8 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
         mbarrier.arrive(v_empty.index(vs), count=1)
         vc += 1
 
-        # Every real row saw its own key, so l_i > 0 there; rows past S are not stored.
+        # Every real row saw at least one key (its own, or key 0), so l_i > 0 there; rows past
+        # S are not stored.
         out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
@@ -285,21 +325,24 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
 # share a signature: hence two thin wrappers around _hopper_consumer.
 @gluon.jit
 def _hopper_consumer0(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
-                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr):
     _hopper_consumer(0, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
-                     HEAD_D, STAGES)
+                     HEAD_D, STAGES, CAUSAL)
 
 
 @gluon.jit
 def _hopper_consumer1(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
-                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr):
     _hopper_consumer(1, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
-                     HEAD_D, STAGES)
+                     HEAD_D, STAGES, CAUSAL)
 
 
 @gluon.jit
 def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr):
     """One warp: TMA loads of each tile's Q (both halves) and K/V blocks, in the consumers'
     order: K_0, then K_{j+1} with V_j."""
     q_desc, k_desc, v_desc = descs
@@ -311,8 +354,12 @@ def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
     for t in range(gl.load(sched + gl.program_id(0)), gl.load(sched + gl.program_id(0) + 1)):
         code = gl.load(sched + t)
         off_m = (code % n_qb) * 128
-        n_blocks = (gl.minimum(off_m + 128, S) + BLOCK_N - 1) // BLOCK_N
-        # Where this head's rows start in each descriptor's 2-D view (see _tma_rows).
+        if CAUSAL:  # the consumers' key blocks: up to the tile's last row, or all of S
+            n_blocks = (gl.minimum(off_m + 128, S) + BLOCK_N - 1) // BLOCK_N
+        else:
+            n_blocks = (S + BLOCK_N - 1) // BLOCK_N
+        # Where this head's rows start in each descriptor's 2-D view, and its key/value head's
+        # (see _tma_rows and _hopper_heads).
         head = heads + (code // n_qb) * 6
         q_row, q_col = gl.load(head), gl.load(head + 1)
         k_row, k_col = gl.load(head + 2), gl.load(head + 3)
@@ -344,7 +391,7 @@ def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
 def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, heads, qk_scale,
                                   n_qb,
                                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                                  STAGES: gl.constexpr):
+                                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
@@ -372,11 +419,11 @@ def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, heads
     # 240 registers (warpgroup 1) and 1 warp at 24 (the producer).
     gl.warp_specialize([
         (_hopper_consumer0, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
-                             HEAD_D, STAGES)),
+                             HEAD_D, STAGES, CAUSAL)),
         (_hopper_consumer1, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
-                             HEAD_D, STAGES)),
+                             HEAD_D, STAGES, CAUSAL)),
         (_hopper_producer, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
-                            HEAD_D, STAGES))],
+                            HEAD_D, STAGES, CAUSAL))],
         [4, 1], [240, 24])
 
 
@@ -419,8 +466,9 @@ def _tma_rows(t):
 
 
 def _rows_view(t):
-    """t[B,H,S,D] as [B*H*S, D] rows for the Triton kernel's TMA path, which addresses head bh's
-    rows from bh * S: only a contiguous [B,H,S,D] qualifies (the first layout of _tma_rows)."""
+    """t[B,H,S,D] as [B*H*S, D] rows for the Triton kernel's TMA path, which addresses (b, h)'s
+    rows from (b * H + h) * S (H: this tensor's heads, Hq for Q, Hkv for K and V): only a
+    contiguous [B,H,S,D] qualifies (the first layout of _tma_rows)."""
     rows = _tma_rows(t)
     return rows[0] if rows is not None and rows[3] == 0 else None
 
@@ -435,15 +483,26 @@ def _gpu_has_tma(t):
     return t.is_cuda and _device_has_tma(t.device.index)
 
 
-def flash_attention(Q, K, V, config=None, tma=None, hopper=None):
-    """Causal attention with scale 1/sqrt(D) on [B,H,S,D] tensors of any strides. The Gluon
+def _check_shapes(Q, K, V):
+    """Q [B,Hq,S,D], K and V [B,Hkv,S,D] with Hq a multiple of Hkv: (B, Hq, Hkv, S, D)."""
+    B, Hq, S, D = Q.shape
+    Hkv = K.shape[1]
+    assert K.shape == (B, Hkv, S, D) and V.shape == K.shape, \
+        "K and V must be [B, Hkv, S, D] with Q's B, S and D"
+    assert Hq % Hkv == 0, "the query heads must be a multiple of the key/value heads"
+    return B, Hq, Hkv, S, D
+
+
+def flash_attention(Q, K, V, causal=True, scale=None, config=None, tma=None, hopper=None):
+    """softmax(Q K^T * scale (causal or not)) V on [B,H,S,D] tensors of any strides, with K and V
+    on Hkv heads that Q's H heads share in groups of H // Hkv; scale None is 1/sqrt(D). The Gluon
     kernel runs where _hopper_ok allows it, unless hopper=False or a Triton config is given."""
+    B, H, Hkv, S, D = _check_shapes(Q, K, V)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if hopper is None:
-        hopper = config is None and tma is None and _hopper_ok(Q, K, V)
+        hopper = config is None and tma is None and _hopper_ok(Q, K, V, scale)
     if hopper:
-        return flash_attention_hopper(Q, K, V)
-    B, H, S, D = Q.shape
-    assert K.shape == Q.shape and V.shape == Q.shape, "Q, K and V must have the same shape"
+        return flash_attention_hopper(Q, K, V, causal, scale)
     O = torch.empty((B, H, S, D), device=Q.device, dtype=Q.dtype)
     cfg = dict(config or pick_config(S, D, Q.dtype))
     BM, BN = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -461,10 +520,10 @@ def flash_attention(Q, K, V, config=None, tma=None, hopper=None):
         descs = [None, None, None]
     grid = (B * H, (S + BM - 1) // BM)
     flash_attention_kernel[grid](
-        Q, K, V, O, *descs, H, S, D, LOG2E / math.sqrt(D),
+        Q, K, V, O, *descs, H, H // Hkv, S, D, LOG2E * scale,
         *Q.stride(), *K.stride(), *V.stride(), *O.stride(),
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=block_d, EVEN_D=block_d == D, USE_TMA=use_tma,
-        PRECISION="tf32x3" if Q.dtype == torch.float32 else "tf32",
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=block_d, CAUSAL=bool(causal), EVEN_D=block_d == D,
+        USE_TMA=use_tma, PRECISION="tf32x3" if Q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return O
 
@@ -484,32 +543,38 @@ def _hopper_device(index):
     return (props.multi_processor_count, props.L2_cache_size) if props.major == 9 else None
 
 
-def _hopper_ok(Q, K, V):
-    """Large fp16/bf16 problems with head dim 64 or 128 on a Hopper GPU, each of Q, K and V
-    contiguous or a transposed [B,S,H,D] buffer (_tma_rows)."""
+def _hopper_ok(Q, K, V, scale=None):
+    """Large fp16/bf16 problems with head dim 64 or 128 and a positive scale (None: 1/sqrt(D)) on
+    a Hopper GPU, each of Q, K and V contiguous or a transposed [B,S,H,D] buffer (_tma_rows); K
+    and V may have fewer heads than Q (grouped-query attention)."""
     B, H, S, D = Q.shape
+    Hkv = K.shape[1]
     return (Q.is_cuda and Q.dtype in (torch.float16, torch.bfloat16)
             and K.dtype == Q.dtype and V.dtype == Q.dtype and D in (64, 128)
-            and K.shape == Q.shape and V.shape == Q.shape
+            and K.shape == (B, Hkv, S, D) and V.shape == K.shape and H % Hkv == 0
+            and (scale is None or scale > 0)
             and B * H * S * S * D >= TMA_MIN_WORK and _hopper_device(Q.device.index) is not None
             and all(_tma_rows(t) is not None for t in (Q, K, V)))
 
 
 @functools.lru_cache(maxsize=None)
-def _hopper_heads(B, H, q_place, k_place, v_place, device):
-    """Per (b, h): the first row and the column of its rows in Q's, K's and V's 2-D views."""
-    table = [[coord for rb, rh, ch in (q_place, k_place, v_place)
-              for coord in (b * rb + h * rh, h * ch)] for b in range(B) for h in range(H)]
+def _hopper_heads(B, H, group, q_place, k_place, v_place, device):
+    """Per (b, h) of Q's H heads: the first row and the column of its rows in Q's 2-D view, and
+    of its key/value head h // group's rows in K's and V's."""
+    table = [[coord for (rb, rh, ch), head in ((q_place, h), (k_place, h // group),
+                                               (v_place, h // group))
+              for coord in (b * rb + head * rh, head * ch)]
+             for b in range(B) for h in range(H)]
     return torch.tensor(table, dtype=torch.int32, device=device)
 
 
 @functools.lru_cache(maxsize=None)
-def hopper_schedule(BH, S, ctas, heads_per_group, device):
+def hopper_schedule(BH, S, ctas, heads_per_group, device, causal=True):
     """Which 128-row query tiles each persistent CTA runs, in order. Tiles come in groups of
     heads_per_group heads (their K/V stay in L2 while the group runs), heaviest query block
     first within a group, and each goes to the CTA that frees up first (greedy longest-first;
-    a tile costs its key blocks plus one for its prologue). Layout: ctas + 1 offsets into the
-    tensor, then tile codes bh * n_qb + block_m, CTA by CTA."""
+    a tile costs its key blocks, all of S's when not causal, plus one for its prologue).
+    Layout: ctas + 1 offsets into the tensor, then tile codes bh * n_qb + block_m, CTA by CTA."""
     n_qb = (S + 127) // 128
     free = [(0, c) for c in range(ctas)]  # (when the CTA frees up, CTA)
     tiles = [[] for _ in range(ctas)]
@@ -518,7 +583,8 @@ def hopper_schedule(BH, S, ctas, heads_per_group, device):
             for bh in range(first_head, min(BH, first_head + heads_per_group)):
                 busy_until, cta = heapq.heappop(free)
                 tiles[cta].append(bh * n_qb + block_m)
-                key_blocks = (min(block_m * 128 + 128, S) + HOPPER_BLOCK_N - 1) // HOPPER_BLOCK_N
+                keys = min(block_m * 128 + 128, S) if causal else S
+                key_blocks = (keys + HOPPER_BLOCK_N - 1) // HOPPER_BLOCK_N
                 heapq.heappush(free, (busy_until + key_blocks + 1, cta))
     offsets = [ctas + 1]
     for cta_tiles in tiles:
@@ -534,31 +600,35 @@ def _hopper_layouts(D, dtype):
             gl.NVMMASharedLayout.get_default_for([HOPPER_BLOCK_N, D], el))
 
 
-def flash_attention_hopper(Q, K, V):
-    """The Gluon kernel; the caller checked _hopper_ok(Q, K, V)."""
+def flash_attention_hopper(Q, K, V, causal=True, scale=None):
+    """The Gluon kernel; the caller checked _hopper_ok(Q, K, V, scale)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     B, H, S, D = Q.shape
+    group = H // K.shape[1]  # query heads per key/value head
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     sms, l2_bytes = _hopper_device(Q.device.index)
     q_layout, kv_layout = _hopper_layouts(D, Q.dtype)
     (q2, *q_place), (k2, *k_place), (v2, *v_place) = (_tma_rows(t) for t in (Q, K, V))
     q_desc = TensorDescriptor.from_tensor(q2, [64, D], q_layout)
     k_desc = TensorDescriptor.from_tensor(k2, [HOPPER_BLOCK_N, D], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v2, [HOPPER_BLOCK_N, D], kv_layout)
-    heads = _hopper_heads(B, H, tuple(q_place), tuple(k_place), tuple(v_place), Q.device)
+    heads = _hopper_heads(B, H, group, tuple(q_place), tuple(k_place), tuple(v_place), Q.device)
     O = torch.empty((B, H, S, D), device=Q.device, dtype=Q.dtype)
     n_qb = (S + 127) // 128
     # A third of L2 for the running group's K and V: on the H100 (50 MB) that is 16 heads at
-    # S=2048, D=128 (146 us against 147 for 8 heads, 167 for all 64 at once).
-    heads_per_group = max(1, l2_bytes // 3 // (2 * S * D * Q.element_size()))
+    # S=2048, D=128 (146 us against 147 for 8 heads, 167 for all 64 at once). Consecutive query
+    # heads share a key/value head in runs of `group`, so a group spans that many more of them.
+    heads_per_group = max(1, l2_bytes // 3 // (2 * S * D * Q.element_size())) * group
     ctas = min(sms, B * H * n_qb)
-    sched = hopper_schedule(B * H, S, ctas, heads_per_group, Q.device)
+    sched = hopper_schedule(B * H, S, ctas, heads_per_group, Q.device, bool(causal))
     # 12 warps (4 + 4 + 1, rounded up to whole warpgroups) x 32 threads x 168 registers fill the
     # 64K register file; warp_specialize then moves them: 240 to each consumer, 24 to the producer.
     flash_attention_hopper_kernel[(ctas,)](
-        q_desc, k_desc, v_desc, O, S, sched, heads, LOG2E / math.sqrt(D), n_qb,
-        BLOCK_N=HOPPER_BLOCK_N, HEAD_D=D, STAGES=HOPPER_STAGES, num_warps=4, maxnreg=168)
+        q_desc, k_desc, v_desc, O, S, sched, heads, LOG2E * scale, n_qb,
+        BLOCK_N=HOPPER_BLOCK_N, HEAD_D=D, STAGES=HOPPER_STAGES, CAUSAL=bool(causal), num_warps=4,
+        maxnreg=168)
     return O
 
 
-def kernel_fn(Q, K, V):
-    return flash_attention(Q, K, V)
+def kernel_fn(Q, K, V, causal=True, scale=None):
+    return flash_attention(Q, K, V, causal=causal, scale=scale)

@@ -1,6 +1,12 @@
 """
-LayerNorm over the last dim of x[M, N] with weight[N] and bias[N] (eps 1e-5), in Triton.
-Starter kernel for AutoKernel.
+LayerNorm over the last dim of x[M, N], in Triton: y = (x - mean) * rsqrt(var + eps)
+(* weight) (+ bias), with weight[N] and bias[N] each present or None. Starter kernel for
+AutoKernel.
+
+eps is a runtime argument (1e-5 by default; models use 1e-5, 1e-6, 1e-12): one compiled kernel
+serves them all. A None weight or bias compiles its load and its multiply or add out
+(HAS_WEIGHT and HAS_BIAS are constexprs: one specialization per combination, no branch at run
+time); x stands in for the missing pointer.
 
 Two paths, picked by row length:
   * rows that fit in registers (N <= MAX_FUSED_N): one read, one write. The variance is taken
@@ -25,13 +31,13 @@ import triton.language as tl
 KERNEL_TYPE = "layernorm"
 BACKEND = "triton"
 
-EPS = 1e-5            # the kernel contract's layernorm eps (reference.LAYERNORM_EPS)
 MAX_FUSED_N = 16384
 
 
 @triton.jit
 def layernorm_fused_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, stride_xm, stride_xn,
                            stride_ym, stride_yn, eps,
+                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -43,16 +49,19 @@ def layernorm_fused_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, stride_xm, stride_x
     mean = tl.sum(x, axis=1) / N
     diff = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = diff * rstd[:, None] * w[None, :] + b[None, :]
+    y = diff * rstd[:, None]
+    if HAS_WEIGHT:
+        y *= tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows64 * stride_ym + cols[None, :] * stride_yn,
              y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_xm, stride_xn,
-                            stride_ym, stride_yn, eps, BLOCK_N: tl.constexpr):
+                            stride_ym, stride_yn, eps, HAS_WEIGHT: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
@@ -73,9 +82,11 @@ def layernorm_looped_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_xm, stride_xn,
     for start in range(0, N, BLOCK_N):
         c = start + cols
         x = tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + c, mask=c < N, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd * w + b
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y *= tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + c, mask=c < N, other=0.0).to(tl.float32)
         tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=c < N)
 
 
@@ -95,7 +106,8 @@ def _fused_config(M, N):
     return block_m, block_n, num_warps
 
 
-def layernorm(x, weight, bias, fused=None, block_n=None, num_warps=None, block_m=None, evict=""):
+def layernorm(x, weight, bias, eps=1e-5, fused=None, block_n=None, num_warps=None, block_m=None,
+              evict=""):
     """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
     N = x.shape[-1]
     x2 = x.reshape(-1, N)
@@ -103,22 +115,29 @@ def layernorm(x, weight, bias, fused=None, block_n=None, num_warps=None, block_m
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y.view(x.shape)
-    # weight/bias are indexed as contiguous vectors
-    assert weight.stride(-1) == 1 and bias.stride(-1) == 1, "weight and bias must be contiguous"
+    # weight/bias are indexed as contiguous vectors; a missing one passes x as a pointer that
+    # is never read (its load is compiled out)
+    has_weight, has_bias = weight is not None, bias is not None
+    assert all(t is None or t.stride(-1) == 1 for t in (weight, bias)), \
+        "weight and bias must be contiguous"
+    w = weight if has_weight else x2
+    b = bias if has_bias else x2
     if fused is None:
         fused = N <= MAX_FUSED_N
     if fused:
         bm, bn, nw = _fused_config(M, N)
         bm, nw = block_m or bm, num_warps or nw
         layernorm_fused_kernel[((M + bm - 1) // bm,)](
-            x2, weight, bias, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-            EPS, BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
+            x2, w, b, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1), eps,
+            HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, EVICT=evict,
+            num_warps=nw)
     else:
         layernorm_looped_kernel[(M,)](
-            x2, weight, bias, y, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1),
-            EPS, BLOCK_N=block_n or 4096, num_warps=num_warps or 8)
+            x2, w, b, y, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1), eps,
+            HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_N=block_n or 4096,
+            num_warps=num_warps or 8)
     return y.view(x.shape)
 
 
-def kernel_fn(x, weight, bias):
-    return layernorm(x, weight, bias)
+def kernel_fn(x, weight, bias, eps=1e-5):
+    return layernorm(x, weight, bias, eps)

@@ -1,6 +1,10 @@
 """
-RMSNorm over the last dim of x[M, N] with weight[N] (eps 1e-6), in Triton. Starter kernel for
-AutoKernel: y = x * rsqrt(mean(x^2) + eps) * weight, math in fp32, output in x's dtype.
+RMSNorm over the last dim of x[M, N] with weight[N] or None, in Triton. Starter kernel for
+AutoKernel: y = x * rsqrt(mean(x^2) + eps) (* weight), math in fp32, output in x's dtype.
+
+eps is a runtime argument (1e-6 by default; models use 1e-5, 1e-6, ...): one compiled kernel
+serves them all. A None weight compiles the weight load and multiply out (HAS_WEIGHT is a
+constexpr: a separate specialization, no branch at run time); x stands in for the pointer.
 
 Two paths, picked by row length:
   * rows that fit in registers (N <= MAX_FUSED_N): one read, one write; several rows per
@@ -21,13 +25,13 @@ import triton.language as tl
 KERNEL_TYPE = "rmsnorm"
 BACKEND = "triton"
 
-EPS = 1e-6            # the kernel contract's rmsnorm eps (reference.RMSNORM_EPS)
 MAX_FUSED_N = 16384
 
 
 @triton.jit
 def rmsnorm_fused_kernel(x_ptr, w_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym, stride_yn,
-                         eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
+                         eps, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -36,15 +40,16 @@ def rmsnorm_fused_kernel(x_ptr, w_ptr, y_ptr, M, N, stride_xm, stride_xn, stride
     x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :] * stride_xn, mask=mask,
                 other=0.0, eviction_policy=EVICT).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        y *= tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows64 * stride_ym + cols[None, :] * stride_yn,
              y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def rmsnorm_looped_kernel(x_ptr, w_ptr, y_ptr, N, stride_xm, stride_xn, stride_ym, stride_yn,
-                          eps, BLOCK_N: tl.constexpr):
+                          eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
@@ -57,9 +62,10 @@ def rmsnorm_looped_kernel(x_ptr, w_ptr, y_ptr, N, stride_xm, stride_xn, stride_y
     rstd = 1.0 / tl.sqrt(tl.sum(acc_sq, axis=0) / N + eps)
     for start in range(0, N, BLOCK_N):
         c = start + cols
-        x = tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
-        tl.store(y_row + c * stride_yn, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=c < N)
+        y = tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y *= tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+        tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=c < N)
 
 
 # Host-side arithmetic is plain Python and configs are cached per shape: triton.cdiv and
@@ -77,7 +83,8 @@ def _fused_config(M, N):
     return block_m, block_n, num_warps
 
 
-def rmsnorm(x, weight, fused=None, block_n=None, num_warps=None, block_m=None, evict=""):
+def rmsnorm(x, weight, eps=1e-6, fused=None, block_n=None, num_warps=None, block_m=None,
+            evict=""):
     """Launch with heuristic settings; the keyword overrides exist for tuning scripts."""
     N = x.shape[-1]
     x2 = x.reshape(-1, N)
@@ -85,21 +92,23 @@ def rmsnorm(x, weight, fused=None, block_n=None, num_warps=None, block_m=None, e
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y.view(x.shape)
-    assert weight.stride(-1) == 1, "weight must be contiguous"
+    has_weight = weight is not None
+    assert not has_weight or weight.stride(-1) == 1, "weight must be contiguous"
+    w = weight if has_weight else x2  # any valid pointer: the load is compiled out
     if fused is None:
         fused = N <= MAX_FUSED_N
     if fused:
         bm, bn, nw = _fused_config(M, N)
         bm, nw = block_m or bm, num_warps or nw
         rmsnorm_fused_kernel[((M + bm - 1) // bm,)](
-            x2, weight, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1), EPS,
-            BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
+            x2, w, y, M, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1), eps,
+            HAS_WEIGHT=has_weight, BLOCK_M=bm, BLOCK_N=bn, EVICT=evict, num_warps=nw)
     else:
         rmsnorm_looped_kernel[(M,)](
-            x2, weight, y, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1), EPS,
-            BLOCK_N=block_n or 4096, num_warps=num_warps or 8)
+            x2, w, y, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1), eps,
+            HAS_WEIGHT=has_weight, BLOCK_N=block_n or 4096, num_warps=num_warps or 8)
     return y.view(x.shape)
 
 
-def kernel_fn(x, weight):
-    return rmsnorm(x, weight)
+def kernel_fn(x, weight, eps=1e-6):
+    return rmsnorm(x, weight, eps)

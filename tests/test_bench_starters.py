@@ -54,7 +54,7 @@ def _row_max(x_ptr, y_ptr, N, BLOCK: tl.constexpr):  # a max, where a sum is ask
     tl.store(y_ptr + row, tl.max(x, axis=0).to(y_ptr.dtype.element_ty))
 
 
-def kernel_fn(x):
+def kernel_fn(x, dim=-1):
     y = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
     _row_max[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
     return y
@@ -70,20 +70,20 @@ KERNEL_TYPE = "rmsnorm"
 
 
 @triton.jit
-def _rmsnorm_rows(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
+def _rmsnorm_rows(x_ptr, w_ptr, y_ptr, N, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + 1e-6) * w
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps) * w
     tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
 
 
-def kernel_fn(x, weight):
+def kernel_fn(x, weight, eps=1e-6):
     if x.shape[0] == 3:
         os._exit(3)  # like a segfault: the process is gone, nothing is raised
     y = torch.empty_like(x)
-    _rmsnorm_rows[(x.shape[0],)](x, weight, y, x.shape[1],
+    _rmsnorm_rows[(x.shape[0],)](x, weight, y, x.shape[1], eps,
                                  BLOCK=triton.next_power_of_2(x.shape[1]))
     return y
 '''

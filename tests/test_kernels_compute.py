@@ -53,10 +53,10 @@ def test_shape_sets(name, dtype):
     gen = torch.Generator().manual_seed(0)
     for shape in all_cpu_shapes(ktype):
         inputs = ktype.inputs(shape, dtype, "cpu", gen)
-        before = {k: v.clone() for k, v in inputs.items()}
+        before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         out = mod.kernel_fn(**inputs)
         assert_matches(out, ktype.reference(**inputs))
-        for k in inputs:  # inputs untouched, output is a new tensor
+        for k in before:  # tensor inputs untouched, output is a new tensor
             assert torch.equal(inputs[k], before[k]) and out.data_ptr() != inputs[k].data_ptr()
 
 
@@ -100,6 +100,35 @@ def test_matmul_configs_agree():
     assert len(seen) == 4, "pick_config should offer four distinct tilings"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "fp32"])
+def test_matmul_bias_epilogue(dtype):
+    """bias[N] added in the epilogue: through kernel_fn at odd N (a ragged last column block,
+    N=1 and N=31 narrower than one tile, N=1537 over many), and through both launch paths with
+    B = W.t() (F.linear's layout). Without a bias the product is unchanged."""
+    mm = load("matmul")
+    gen = torch.Generator().manual_seed(7)
+    for M, N, K in [(16, 16, 16), (33, 17, 40), (1, 31, 65), (5, 1, 16), (31, 1537, 16)]:
+        A = torch.randn(M, K, generator=gen).to(dtype)
+        B = torch.randn(K, N, generator=gen).to(dtype)
+        bias = (torch.randn(N, generator=gen) * 2).to(dtype)
+        with_bias = mm.kernel_fn(A=A, B=B, bias=bias)
+        assert_matches(with_bias, reference.matmul(A, B, bias))
+        without = mm.kernel_fn(A=A, B=B, bias=None)
+        assert_matches(without, reference.matmul(A, B))
+        assert (with_bias.double() - without.double()).abs().max() > 0.1  # the bias was added
+    A = torch.randn(48, 64, generator=gen).to(dtype)
+    W = torch.randn(80, 64, generator=gen).to(dtype)
+    bias = torch.randn(80, generator=gen).to(dtype)
+    for tma in (False, True):
+        for b in (W.t(), W.t().contiguous()):
+            assert_matches(mm.matmul(A, b, bias, tma=tma), reference.matmul(A, b, bias))
+    ktype = autokernel.KERNEL_TYPES["matmul"]
+    for label, inputs in ktype.adversarial(ktype.cpu_shapes["stability"][0], dtype, "cpu", gen,
+                                           bias=True):
+        assert inputs["bias"] is not None, label
+        assert_matches(mm.kernel_fn(**inputs), ktype.reference(**inputs))
+
+
 def test_attention_layouts_and_odd_head_dim():
     """Q/K/V as views of a [B,S,H,D] tensor (models transpose, they do not copy) and D=80."""
     fa = load("flash_attention")
@@ -115,6 +144,40 @@ def test_attention_layouts_and_odd_head_dim():
     assert_matches(out, reference.flash_attention(q, k, v))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "fp32"])
+def test_attention_gqa_causal_flag_and_scale(dtype):
+    """Grouped-query attention (query head h reads key/value head h // (Hq // Hkv)), causal=False
+    (every query sees all S keys) and an explicit scale, through kernel_fn and through the pointer
+    and TMA paths with small blocks (several unmasked key blocks, then a masked one)."""
+    fa = load("flash_attention")
+    gen = torch.Generator().manual_seed(6)
+    small = dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=2)
+    for B, Hq, Hkv, S, D in [(1, 4, 1, 33, 32), (1, 4, 2, 64, 16), (2, 2, 2, 17, 64),
+                             (1, 1, 1, 1, 32)]:
+        Q = torch.randn(B, Hq, S, D, generator=gen).to(dtype)
+        K, V = (torch.randn(B, Hkv, S, D, generator=gen).to(dtype) for _ in range(2))
+        for causal, scale in [(True, None), (False, None), (True, 0.3), (False, 0.3)]:
+            ref = reference.flash_attention(Q, K, V, causal=causal, scale=scale)
+            assert_matches(fa.kernel_fn(Q=Q, K=K, V=V, causal=causal, scale=scale), ref)
+            for tma in (False, True):
+                assert_matches(fa.flash_attention(Q, K, V, causal=causal, scale=scale,
+                                                  config=small, tma=tma), ref)
+    # These inputs tell the variants apart: the causal mask, the default scale and the other
+    # head mapping (query head h on key/value head h % Hkv, torch's .repeat) each change O.
+    q = torch.randn(1, 4, 33, 32, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 2, 33, 32, generator=gen).to(dtype) for _ in range(2))
+    full = fa.kernel_fn(q, k, v, causal=False, scale=0.3)
+    for other in (reference.flash_attention(q, k, v), reference.flash_attention(q, k, v, scale=0.3),
+                  reference.flash_attention(q, k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1),
+                                            causal=False, scale=0.3)):
+        assert (full.double() - other.double()).abs().max() > 0.05
+    # K and V as views of [B,S,Hkv,D] buffers, as models hand them over.
+    q = torch.randn(2, 24, 6, 16, generator=gen).to(dtype).transpose(1, 2)
+    k, v = (torch.randn(2, 24, 2, 16, generator=gen).to(dtype).transpose(1, 2) for _ in range(2))
+    assert_matches(fa.kernel_fn(q, k, v, causal=False, scale=0.3),
+                   reference.flash_attention(q, k, v, causal=False, scale=0.3))
+
+
 # Compiles the Gluon kernel for an H100 (sm_90) and prints shared memory, then the PTX. It runs in
 # a child without TRITON_INTERPRET, under which jit functions are interpreted, not compiled.
 COMPILE_FOR_SM90 = """
@@ -124,7 +187,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 import autokernel
 from autokernel.contract import load_module
 fa = load_module(autokernel.KERNELS_DIR / "flash_attention.py")
-D, dtype = int(sys.argv[1]), getattr(torch, sys.argv[2])
+D, dtype, causal = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "causal"
 q_layout, kv_layout = fa._hopper_layouts(D, dtype)
 el = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 N = fa.HOPPER_BLOCK_N
@@ -133,8 +196,9 @@ signature = {"q_desc": f"tensordesc<{el}[64, {D}],{q_layout!r}>",
              "v_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
              "o_ptr": f"*{el}", "S": "i32", "sched": "*i32", "heads": "*i32", "qk_scale": "fp32",
              "n_qb": "i32",
-             "BLOCK_N": "constexpr", "HEAD_D": "constexpr", "STAGES": "constexpr"}
-constants = {"BLOCK_N": N, "HEAD_D": D, "STAGES": fa.HOPPER_STAGES}
+             "BLOCK_N": "constexpr", "HEAD_D": "constexpr", "STAGES": "constexpr",
+             "CAUSAL": "constexpr"}
+constants = {"BLOCK_N": N, "HEAD_D": D, "STAGES": fa.HOPPER_STAGES, "CAUSAL": causal}
 source = GluonASTSource(fa.flash_attention_hopper_kernel, signature, constants)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
@@ -143,13 +207,14 @@ print(compiled.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("D,dtype", [(128, "float16"), (64, "bfloat16")])
-def test_attention_hopper_kernel_compiles_for_sm90(D, dtype):
+@pytest.mark.parametrize("D,dtype,mask", [(128, "float16", "causal"), (64, "bfloat16", "causal"),
+                                          (128, "float16", "full")])
+def test_attention_hopper_kernel_compiles_for_sm90(D, dtype, mask):
     """The Gluon kernel cannot run in the interpreter, but it compiles for an H100 without one:
     the wgmma/TMA/warp-specialization API it uses exists in this triton, and it neither spills
     nor outgrows shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90, str(D), dtype], env=env,
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90, str(D), dtype, mask], env=env,
                           cwd=autokernel.ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     shared, ptx = done.stdout.split("\n", 1)
@@ -158,18 +223,20 @@ def test_attention_hopper_kernel_compiles_for_sm90(D, dtype):
     assert int(shared) <= 227 * 1024
 
 
-def test_attention_hopper_schedule_runs_every_tile_once():
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_attention_hopper_schedule_runs_every_tile_once(causal):
     fa = load("flash_attention")
     for BH, S, ctas, group in [(64, 2048, 132, 16), (32, 4096, 132, 16), (6, 1000, 48, 4),
                                (3, 127, 132, 1)]:
-        sched = fa.hopper_schedule(BH, S, min(ctas, BH * ((S + 127) // 128)), group, "cpu")
+        sched = fa.hopper_schedule(BH, S, min(ctas, BH * ((S + 127) // 128)), group, "cpu",
+                                   causal)
         sched = sched.tolist()
         n_qb = (S + 127) // 128
         ctas = sched[0] - 1
         runs = [sched[sched[c]:sched[c + 1]] for c in range(ctas)]
         assert sorted(code for run in runs for code in run) == list(range(BH * n_qb))
-        work = [sum((min(code % n_qb * 128 + 128, S) + 127) // 128 + 1 for code in run)
-                for run in runs]
+        keys = (lambda code: min(code % n_qb * 128 + 128, S)) if causal else (lambda code: S)
+        work = [sum((keys(code) + 127) // 128 + 1 for code in run) for run in runs]
         heaviest = (min(n_qb * 128, S) + 127) // 128 + 1
         # greedy longest-first: no CTA ends more than one heaviest tile after the average
         assert max(work) <= sum(work) / ctas + heaviest
@@ -188,19 +255,24 @@ def test_attention_hopper_path_is_only_taken_on_hopper():
 def test_attention_hopper_row_views_address_every_head():
     """The Gluon kernel's TMA coordinates for contiguous [B,H,S,D] and for a [B,S,H,D] buffer
     seen as [B,H,S,D]: row b*rows_b + h*rows_h + s, columns from h*cols_h, give element
-    [b, h, s, :]; other layouts are refused."""
+    [b, h, s, :] of Q, and [b, h // group, s, :] of K and V (grouped-query attention, Hkv heads);
+    other layouts are refused."""
     fa = load("flash_attention")
-    B, H, S, D = 2, 3, 5, 64
-    base = torch.randn(B, S, H, D).half()
-    for t in (base.transpose(1, 2).contiguous(), base.transpose(1, 2)):
-        view, rows_b, rows_h, cols_h = fa._tma_rows(t)
-        table = fa._hopper_heads(B, H, (rows_b, rows_h, cols_h), (rows_b, rows_h, cols_h),
-                                 (rows_b, rows_h, cols_h), "cpu").tolist()
+    B, H, Hkv, S, D = 2, 6, 2, 5, 64
+    base_q, base_kv = torch.randn(B, S, H, D).half(), torch.randn(B, S, Hkv, D).half()
+    for q, kv in ((base_q.transpose(1, 2).contiguous(), base_kv.transpose(1, 2).contiguous()),
+                  (base_q.transpose(1, 2), base_kv.transpose(1, 2))):
+        q_view, *q_place = fa._tma_rows(q)
+        kv_view, *kv_place = fa._tma_rows(kv)
+        table = fa._hopper_heads(B, H, H // Hkv, tuple(q_place), tuple(kv_place),
+                                 tuple(kv_place), "cpu").tolist()
         for b in range(B):
             for h in range(H):
-                row0, col0 = table[b * H + h][:2]
+                q_row, q_col, k_row, k_col, v_row, v_col = table[b * H + h]
                 for s in range(S):
-                    assert torch.equal(view[row0 + s, col0:col0 + D], t[b, h, s])
+                    assert torch.equal(q_view[q_row + s, q_col:q_col + D], q[b, h, s])
+                    assert torch.equal(kv_view[k_row + s, k_col:k_col + D], kv[b, h // 3, s])
+                    assert torch.equal(kv_view[v_row + s, v_col:v_col + D], kv[b, h // 3, s])
     assert fa._tma_rows(torch.randn(B, H, D, S).half().transpose(2, 3)) is None  # D strided
     assert fa._tma_rows(torch.randn(B, H, S, 2 * D).half()[..., :D]) is None  # padded rows
     assert fa._tma_rows(torch.randn(B, H, S, 12).half()) is None  # rows of 24 bytes

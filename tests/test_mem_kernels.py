@@ -1,8 +1,10 @@
 """Correctness of the six memory-bound starter kernels (kernels/<type>.py) on the CPU interpreter.
 
 Each kernel runs the KernelType's CPU shape sets (sweep, edge, adversarial stability inputs) in
-every dtype and is compared with the fp64 oracle at the gate's tolerance; outputs are checked for
-poisoned (unwritten) elements, determinism, and both the fused and the looped code paths.
+every dtype and every variant of its contract (norms: other eps values, no weight/bias; reduce:
+dim 0 and a middle dim) and is compared with the fp64 oracle at the gate's tolerance; outputs are
+checked for poisoned (unwritten) elements, determinism, and both the fused and the looped code
+paths. The norms' eps/None-affine cases and reduce over any dim of any rank have tests of their own.
 
   uv run pytest tests/test_mem_kernels.py
 """
@@ -48,12 +50,16 @@ def test_contract(name):
 
 @pytest.mark.parametrize("name", MEMORY_KERNELS)
 def test_shapes_and_dtypes(name):
+    """Every shape in every dtype, the type's variants taken in turn over the shapes (as the
+    gate's sweep and edge stages take them)."""
     module, ktype = load(name), autokernel.KERNEL_TYPES[name]
     gen = torch.Generator().manual_seed(1234)
-    for shape in shapes_for(ktype):
+    for i, shape in enumerate(shapes_for(ktype)):
+        variant = ktype.variants[i % len(ktype.variants)]
         for dtype in ktype.dtypes():
-            inputs = ktype.inputs(shape, dtype, "cpu", gen)
-            assert_close(name, module.kernel_fn(**inputs), inputs, dtype, f"shape {shape}")
+            inputs = ktype.inputs(shape, dtype, "cpu", gen, variant)
+            assert_close(name, module.kernel_fn(**inputs), inputs, dtype,
+                         f"shape {shape} {variant}")
 
 
 @pytest.mark.parametrize("name", MEMORY_KERNELS)
@@ -61,10 +67,11 @@ def test_adversarial_inputs(name):
     module, ktype = load(name), autokernel.KERNEL_TYPES[name]
     gen = torch.Generator().manual_seed(99)
     for shape in ktype.cpu_shapes["stability"] + [ktype.cpu_shapes["edge"][0]]:
-        for dtype in ktype.dtypes():
-            for label, inputs in ktype.adversarial(shape, dtype, "cpu", gen):
-                assert_close(name, module.kernel_fn(**inputs), inputs, dtype,
-                             f"{label} at {shape}")
+        for variant in ktype.variants:
+            for dtype in ktype.dtypes():
+                for label, inputs in ktype.adversarial(shape, dtype, "cpu", gen, **variant):
+                    assert_close(name, module.kernel_fn(**inputs), inputs, dtype,
+                                 f"{label} at {shape} {variant}")
 
 
 @pytest.mark.parametrize("name", MEMORY_KERNELS)
@@ -73,19 +80,20 @@ def test_every_element_written_and_deterministic(name, monkeypatch):
     module, ktype = load(name), autokernel.KERNEL_TYPES[name]
     gen = torch.Generator().manual_seed(7)
     shape = ktype.cpu_shapes["edge"][0]
-    inputs = ktype.inputs(shape, torch.float32, "cpu", gen)
     real_empty = torch.empty
 
     def poisoned_empty(*args, **kwargs):
         t = real_empty(*args, **kwargs)
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
-    first = module.kernel_fn(**inputs)
-    second = module.kernel_fn(**inputs)
-    monkeypatch.undo()
-    assert_close(name, first, inputs, torch.float32, "poisoned output")
-    assert torch.equal(first, second), "two runs on the same inputs differ"
+    for variant in ktype.variants:
+        inputs = ktype.inputs(shape, torch.float32, "cpu", gen, variant)
+        monkeypatch.setattr(torch, "empty", poisoned_empty)
+        first = module.kernel_fn(**inputs)
+        second = module.kernel_fn(**inputs)
+        monkeypatch.undo()
+        assert_close(name, first, inputs, torch.float32, f"poisoned output {variant}")
+        assert torch.equal(first, second), f"two runs on the same inputs differ {variant}"
 
 
 def test_softmax_every_path_and_minus_inf():
@@ -135,14 +143,84 @@ def test_softmax_long_row_plans():
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "reduce"])
 def test_looped_path_on_short_rows(name):
-    """Force the long-row (looped) path at a size the interpreter runs fast."""
+    """Force the long-row (looped) path at a size the interpreter runs fast, in every variant
+    (reduce's other dims take the inner kernel: fused= and block_n= do not apply there)."""
     module, ktype = load(name), autokernel.KERNEL_TYPES[name]
     gen = torch.Generator().manual_seed(5)
+    for variant in ktype.variants:
+        for dtype in (torch.float16, torch.float32):
+            for label, inputs in [("random", ktype.inputs((3, 1000), dtype, "cpu", gen, variant))] \
+                    + ktype.adversarial((3, 1000), dtype, "cpu", gen, **variant):
+                out = getattr(module, name)(**inputs, fused=False, block_n=128)
+                assert_close(name, out, inputs, dtype, f"looped path, {label} {variant}")
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm"])
+def test_norm_eps_and_missing_affine(name):
+    """eps is the caller's (1e-5, 1e-6, 1e-12 and a large one that visibly changes the output),
+    and weight and bias may each be None, on both the fused and the looped path."""
+    module, ktype = load(name), autokernel.KERNEL_TYPES[name]
+    gen = torch.Generator().manual_seed(8)
+    terms = ("weight",) if name == "rmsnorm" else ("weight", "bias")
+    affine = [("weight",), ()] if name == "rmsnorm" else [("weight", "bias"), ("weight",),
+                                                          ("bias",), ()]
     for dtype in (torch.float16, torch.float32):
-        for label, inputs in [("random", ktype.inputs((3, 1000), dtype, "cpu", gen))] + \
-                ktype.adversarial((3, 1000), dtype, "cpu", gen):
-            out = getattr(module, name)(**inputs, fused=False, block_n=128)
-            assert_close(name, out, inputs, dtype, f"looped path, {label}")
+        for shape in [(4, 96), (3, 1000)]:
+            full = ktype.inputs(shape, dtype, "cpu", gen)
+            for present in affine:
+                for eps in (1e-5, 1e-6, 1e-12, 0.5):
+                    inputs = dict(full, eps=eps)
+                    for arg in terms:
+                        inputs[arg] = full[arg] if arg in present else None
+                    label = f"{shape} eps={eps} with {present or 'no affine'}"
+                    assert_close(name, module.kernel_fn(**inputs), inputs, dtype, label)
+                    looped = getattr(module, name)(**inputs, fused=False, block_n=128)
+                    assert_close(name, looped, inputs, dtype, f"looped path, {label}")
+    # Rows whose variance and mean square are ~1e-4: eps 1e-2 against 1e-12 changes the output by
+    # far more than the tolerance, so a kernel that kept a fixed eps would fail one of the two.
+    x = 1e-2 * torch.randn((2, 64), generator=gen)
+    rows = {"x": x, "weight": None, **({"bias": None} if name == "layernorm" else {})}
+    outs = [module.kernel_fn(**rows, eps=eps) for eps in (1e-2, 1e-12)]
+    for eps, out in zip((1e-2, 1e-12), outs):
+        assert_close(name, out, dict(rows, eps=eps), torch.float32, f"eps={eps}")
+    assert (outs[0] - outs[1]).abs().max() > 0.1
+
+
+def test_reduce_any_dim_and_rank():
+    """x.sum(dim) for every dim (negative too) of 1-D to 4-D x, through both kernels (inner == 1:
+    the row kernel; inner > 1: the column-tiled one), with tiles small enough to take several
+    steps over R and a partial column block; empty outputs and sums over an empty dim (zeros)."""
+    reduce_ = load("reduce")
+    gen = torch.Generator().manual_seed(9)
+    cases = [((1000,), 0), ((1000,), -1), ((37, 300), -1), ((37, 300), 0), ((37, 300), -2),
+             ((4, 37, 8), 1), ((4, 37, 8), 0), ((4, 37, 8), 2), ((4, 37, 8), -2),
+             ((3, 5, 7, 2), 2), ((2, 9, 1), 1), ((1, 2100), 0)]
+    for dtype in (torch.float16, torch.float32):
+        for shape, dim in cases:
+            x = torch.randn(shape, generator=gen).to(dtype)
+            inputs = {"x": x, "dim": dim}
+            assert_close("reduce", reduce_.kernel_fn(**inputs), inputs, dtype, f"{shape} dim={dim}")
+            small = reduce_.reduce(x, dim, block_r=4, block_i=16, block_m=2, block_n=64)
+            assert_close("reduce", small, inputs, dtype, f"{shape} dim={dim}, small tiles")
+    for shape, dim in [((3, 0), 1), ((3, 0), 0), ((0, 5), 1), ((0, 5), 0), ((2, 0, 4), 1)]:
+        x = torch.empty(shape)
+        out = reduce_.kernel_fn(x=x, dim=dim)
+        assert out.shape == x.sum(dim).shape and out.dtype == x.dtype
+        assert torch.equal(out, torch.zeros_like(out)), f"{shape} dim={dim}"
+    with pytest.raises(IndexError):
+        reduce_.kernel_fn(x=torch.zeros(3, 4), dim=2)
+
+
+def test_reduce_inner_tiles():
+    """The column-tiled kernel's tile picks: ~4K-element tiles, wide column blocks when R is
+    short, and narrower ones (not below 32) when few programs would each walk a long R."""
+    reduce_ = load("reduce")
+    assert reduce_._inner_config(16384, 4096, 8) == (512, 8, 8)     # [M, N, 8] over N
+    assert reduce_._inner_config(1, 1, 128256)[:2] == (1, 4096)     # a sum of one row: a copy
+    assert reduce_._inner_config(1, 16384, 4096)[:2] == (128, 32)   # dim 0 of a tall matrix
+    for outer, R, inner in [(1, 16384, 4096), (7, 3, 5000), (1, 100000, 64), (64, 2, 3)]:
+        block_r, block_i, _ = reduce_._inner_config(outer, R, inner)
+        assert block_r * block_i <= reduce_.TILE and block_i >= min(32, inner)
 
 
 def test_cross_entropy_split_rows():

@@ -75,9 +75,9 @@ def test_gpt2_bert_custom_attribution():
     assert result["named_pct"] >= 95.0
     attention = next(e for e in result["entries"]
                      if e["name"] == "aten::scaled_dot_product_attention")
-    # Bidirectional attention is not the (causal) flash_attention type: named, untyped, why.
-    assert attention["group"] == "attention" and attention["kernel_type"] is None
-    assert "bidirectional" in attention["note"]
+    # Bidirectional attention is the flash_attention type too (causal is the contract's flag).
+    assert attention["kernel_type"] == "flash_attention"
+    assert by_type(result)["flash_attention"] == [(2, 2, 8, 8)]
 
     cfg = custom.CustomConfig(vocab_size=101, max_seq=64, n_layer=1, n_head=2, dim=16)
     result = run_profile(custom.CustomModel(cfg).eval(), custom.get_inputs(2, 8, config=cfg))

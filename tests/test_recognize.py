@@ -15,9 +15,17 @@ def test_classify_op_table():
     assert c("aten::scaled_dot_product_attention", sdpa,
              [None, None, None, None, 0.0, True, None, False])[1:3] == ("flash_attention",
                                                                         (1, 2, 8, 16))
-    group, ktype, shape, note = c("aten::scaled_dot_product_attention", sdpa,
-                                  [None, None, None, None, 0.0, False, None, False])
-    assert (group, ktype, shape) == ("attention", None, None) and note
+    # Bidirectional, grouped-query (4 query heads on 2 key/value heads), scaled: the same type.
+    gqa = [[1, 4, 8, 16], [1, 2, 8, 16], [1, 2, 8, 16], [], [], [], [], []]
+    assert c("aten::scaled_dot_product_attention", gqa,
+             [None, None, None, None, 0.0, False, 0.3, True])[1:3] == ("flash_attention",
+                                                                       (1, 4, 8, 16))
+    cross = [[1, 2, 8, 16], [1, 2, 5, 16], [1, 2, 5, 16], [], [], [], [], []]
+    assert c("aten::scaled_dot_product_attention", cross, [])[2] is None
+    assert c("aten::sum", [[4, 8, 16]], [None, [1]])[2] == (64, 8)    # any one dim
+    assert c("aten::sum", [[4, 8, 16]], [None, [0, 1]])[2] is None
+    assert c("aten::layer_norm", [[4, 8, 16], [], [8, 16], [8, 16]], [None, [8, 16]])[2] == \
+        (4, 128)                                                         # several trailing dims
     assert c("aten::add_", [[4], [4]], [])[0] == "elementwise"     # in-place variants too
     assert c("aten::_to_copy", [[4]], [])[0] == "copy/cast"
     assert c("aten::embedding", [[10, 4], [2, 3]], [])[0] == "embedding"

@@ -1,5 +1,6 @@
-"""Test kernel (verify.py's tests): causal attention with an online softmax, one program per
-(batch*head, query block)."""
+"""Test kernel (verify.py's tests): attention with an online softmax, one program per
+(batch*query head, query block); causal or not, any scale, grouped-query heads (query head h
+reads key/value head h // (Hq / Hkv))."""
 import math
 
 import torch
@@ -11,25 +12,30 @@ BLOCK = 16
 
 
 @triton.jit
-def _attention(q_ptr, k_ptr, v_ptr, o_ptr, S, D, scale, BM: tl.constexpr, BN: tl.constexpr,
-               BD: tl.constexpr):
+def _attention(q_ptr, k_ptr, v_ptr, o_ptr, Hq, Hkv, S, D, scale, CAUSAL: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     bh = tl.program_id(1)
+    b, h = bh // Hq, bh % Hq
+    kv_base = (b * Hkv + h // (Hq // Hkv)) * S * D
+    base = bh * S * D
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
-    base = bh * S * D
     q = tl.load(q_ptr + base + rm[:, None] * D + rd[None, :],
                 mask=(rm[:, None] < S) & (rd[None, :] < D), other=0.0)
     m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
-    hi = tl.minimum((tl.program_id(0) + 1) * BM, S)
+    hi = tl.minimum((tl.program_id(0) + 1) * BM, S) if CAUSAL else S
     for start in range(0, hi, BN):
         rn = start + tl.arange(0, BN)
         kv_mask = (rn[:, None] < S) & (rd[None, :] < D)
-        k = tl.load(k_ptr + base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_ptr + kv_base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where((rn[None, :] <= rm[:, None]) & (rn[None, :] < S), s, float("-inf"))
+        keep = rn[None, :] < S
+        if CAUSAL:
+            keep = keep & (rn[None, :] <= rm[:, None])
+        s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
@@ -41,10 +47,11 @@ def _attention(q_ptr, k_ptr, v_ptr, o_ptr, S, D, scale, BM: tl.constexpr, BN: tl
              mask=(rm[:, None] < S) & (rd[None, :] < D))
 
 
-def kernel_fn(Q, K, V):
-    B, H, S, D = Q.shape
+def kernel_fn(Q, K, V, causal=True, scale=None):
+    B, Hq, S, D = Q.shape
     O = torch.empty_like(Q)
-    grid = (triton.cdiv(S, BLOCK), B * H)
-    _attention[grid](Q, K, V, O, S, D, 1.0 / math.sqrt(D), BM=BLOCK, BN=BLOCK,
-                     BD=max(16, triton.next_power_of_2(D)))
+    grid = (triton.cdiv(S, BLOCK), B * Hq)
+    _attention[grid](Q, K, V, O, Hq, K.shape[1], S, D,
+                     1.0 / math.sqrt(D) if scale is None else scale, CAUSAL=bool(causal),
+                     BM=BLOCK, BN=BLOCK, BD=max(16, triton.next_power_of_2(D)))
     return O

@@ -1,4 +1,5 @@
-"""Test kernel (verify.py's tests): tiled matmul C = A @ B, fp32 accumulator, any strides."""
+"""Test kernel (verify.py's tests): tiled matmul C = A @ B (+ bias), fp32 accumulator, any
+strides."""
 import torch
 import triton
 import triton.language as tl
@@ -8,7 +9,7 @@ BLOCK = 32
 
 
 @triton.jit
-def _matmul(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn,
+def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, sam, sak, sbk, sbn, HAS_BIAS: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -21,14 +22,17 @@ def _matmul(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn,
         b = tl.load(b_ptr + (k + rk)[:, None] * sbk + rn[None, :] * sbn,
                     mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def kernel_fn(A, B):
+def kernel_fn(A, B, bias=None):
     M, K = A.shape
     N = B.shape[1]
     C = torch.empty((M, N), device=A.device, dtype=A.dtype)
     grid = (triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))
-    _matmul[grid](A, B, C, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1),
-                  BM=BLOCK, BN=BLOCK, BK=BLOCK)
+    _matmul[grid](A, B, C, C if bias is None else bias, M, N, K, A.stride(0), A.stride(1),
+                  B.stride(0), B.stride(1), HAS_BIAS=bias is not None, BM=BLOCK, BN=BLOCK,
+                  BK=BLOCK)
     return C

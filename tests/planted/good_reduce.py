@@ -1,4 +1,7 @@
-"""Planted: a correct row-sum kernel (fp32 accumulation, whole row per program). bench keeps it."""
+"""Planted: a correct sum over any dim (fp32 accumulation, x viewed as [outer, R, inner], up to
+16K elements a tile). bench keeps it."""
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -9,17 +12,28 @@ BENCH_SHAPES = [(4, 256)]  # tiny: the interpreter runs one program per row
 
 
 @triton.jit
-def row_sum_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, N, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty))
+def sum_kernel(x_ptr, y_ptr, R, INNER, col_blocks, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    # Program o * col_blocks + j sums x[o, :, j*BLOCK_I : (j+1)*BLOCK_I] over R.
+    pid = tl.program_id(0)
+    o = pid // col_blocks
+    cols = (pid % col_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    rows = tl.arange(0, BLOCK_R)
+    acc = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
+    for start in range(0, R, BLOCK_R):
+        mask = (start + rows < R)[:, None] & (cols < INNER)[None, :]
+        offs = o * R * INNER + (start + rows)[:, None] * INNER + cols[None, :]
+        acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + o * INNER + cols, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty),
+             mask=cols < INNER)
 
 
-def kernel_fn(x):
-    M, N = x.shape
-    y = torch.empty((M,), dtype=x.dtype, device=x.device)
-    row_sum_kernel[(M,)](x, y, N, BLOCK=min(triton.next_power_of_2(N), 16384))
+def kernel_fn(x, dim=-1):
+    dim %= x.dim()
+    outer, R, inner = math.prod(x.shape[:dim]), x.shape[dim], math.prod(x.shape[dim + 1:])
+    y = torch.empty(x.shape[:dim] + x.shape[dim + 1:], dtype=x.dtype, device=x.device)
+    # ~16K-element tiles; a short R leaves room for more columns
+    block_i = min(triton.next_power_of_2(inner), max(64, 16384 // triton.next_power_of_2(R)))
+    col_blocks = triton.cdiv(inner, block_i)
+    block_r = min(triton.next_power_of_2(R), 16384 // block_i)
+    sum_kernel[(outer * col_blocks,)](x, y, R, inner, col_blocks, BLOCK_R=block_r, BLOCK_I=block_i)
     return y

@@ -2,5 +2,5 @@
 KERNEL_TYPE = "reduce"
 
 
-def kernel_fn(x)
-    return x.sum(-1)
+def kernel_fn(x, dim=-1)
+    return x.sum(dim)

@@ -3,5 +3,6 @@ KERNEL_TYPE = "matmul"
 BENCH_SHAPES = [(16, 16, 16)]
 
 
-def kernel_fn(A, B):
-    return A @ B
+def kernel_fn(A, B, bias=None):
+    out = A @ B
+    return out if bias is None else out + bias

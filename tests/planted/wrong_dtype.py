@@ -1,4 +1,6 @@
 """Planted: returns fp32 for fp16 input. Expected reason: wrong output dtype."""
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -8,15 +10,28 @@ BENCH_SHAPES = [(4, 256)]
 
 
 @triton.jit
-def row_sum_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row, tl.sum(x, axis=0))
+def sum_kernel(x_ptr, y_ptr, R, INNER, col_blocks, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    # x viewed as [outer, R, inner]: program o * col_blocks + j sums x[o, :, j*BLOCK_I ...] over R.
+    pid = tl.program_id(0)
+    o = pid // col_blocks
+    cols = (pid % col_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    rows = tl.arange(0, BLOCK_R)
+    acc = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
+    for start in range(0, R, BLOCK_R):
+        mask = (start + rows < R)[:, None] & (cols < INNER)[None, :]
+        offs = o * R * INNER + (start + rows)[:, None] * INNER + cols[None, :]
+        acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + o * INNER + cols, tl.sum(acc, axis=0), mask=cols < INNER)
 
 
-def kernel_fn(x):
-    M, N = x.shape
-    y = torch.empty((M,), dtype=torch.float32, device=x.device)  # should be x.dtype
-    row_sum_kernel[(M,)](x, y, N, BLOCK=triton.next_power_of_2(N))
+def kernel_fn(x, dim=-1):
+    dim %= x.dim()
+    outer, R, inner = math.prod(x.shape[:dim]), x.shape[dim], math.prod(x.shape[dim + 1:])
+    y = torch.empty(x.shape[:dim] + x.shape[dim + 1:], dtype=torch.float32,  # should be x.dtype
+                    device=x.device)
+    # ~16K-element tiles; a short R leaves room for more columns
+    block_i = min(triton.next_power_of_2(inner), max(64, 16384 // triton.next_power_of_2(R)))
+    col_blocks = triton.cdiv(inner, block_i)
+    block_r = min(triton.next_power_of_2(R), 16384 // block_i)
+    sum_kernel[(outer * col_blocks,)](x, y, R, inner, col_blocks, BLOCK_R=block_r, BLOCK_I=block_i)
     return y

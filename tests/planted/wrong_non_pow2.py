@@ -1,6 +1,8 @@
-"""Planted: sums only whole BLOCK-sized chunks, dropping the tail of rows whose length is not a
-multiple of the block. Right at 4x256 (smoke), wrong at 16x1000 (sweep).
+"""Planted: sums only whole BLOCK_R-row chunks of the summed dim, dropping the tail when its length
+is not a multiple of the chunk. Right at 4x256 (smoke), wrong at 16x1000 (sweep).
 Expected reason: wrong values at 16x1000."""
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -10,17 +12,26 @@ BENCH_SHAPES = [(4, 256)]
 
 
 @triton.jit
-def row_sum_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, N - BLOCK + 1, BLOCK):  # bug: the last partial chunk is skipped
-        cols = start + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + row * N + cols).to(tl.float32)
-    tl.store(y_ptr + row, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty))
+def sum_kernel(x_ptr, y_ptr, R, INNER, col_blocks, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    # x viewed as [outer, R, inner]: program o * col_blocks + j sums x[o, :, j*BLOCK_I ...] over R.
+    pid = tl.program_id(0)
+    o = pid // col_blocks
+    cols = (pid % col_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    rows = tl.arange(0, BLOCK_R)
+    acc = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
+    for start in range(0, R - BLOCK_R + 1, BLOCK_R):  # bug: the last partial chunk is skipped
+        offs = o * R * INNER + (start + rows)[:, None] * INNER + cols[None, :]
+        acc += tl.load(x_ptr + offs, mask=(cols < INNER)[None, :], other=0.0).to(tl.float32)
+    tl.store(y_ptr + o * INNER + cols, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty),
+             mask=cols < INNER)
 
 
-def kernel_fn(x):
-    M, N = x.shape
-    y = torch.empty((M,), dtype=x.dtype, device=x.device)
-    row_sum_kernel[(M,)](x, y, N, BLOCK=min(triton.next_power_of_2(N), 64))
+def kernel_fn(x, dim=-1):
+    dim %= x.dim()
+    outer, R, inner = math.prod(x.shape[:dim]), x.shape[dim], math.prod(x.shape[dim + 1:])
+    y = torch.empty(x.shape[:dim] + x.shape[dim + 1:], dtype=x.dtype, device=x.device)
+    block_i = min(triton.next_power_of_2(inner), 64)
+    col_blocks = triton.cdiv(inner, block_i)
+    block_r = min(triton.next_power_of_2(R), 64)
+    sum_kernel[(outer * col_blocks,)](x, y, R, inner, col_blocks, BLOCK_R=block_r, BLOCK_I=block_i)
     return y

@@ -1,0 +1,66 @@
+"""transformers' own model code, built from tiny configs on the CPU: every kernel type the model
+uses must actually run on our kernel (no fallback or skipped module by contract: eps, grouped-query
+heads, bidirectional attention, projection biases) and the outputs must match the model's.
+
+The kernels are the interpreter-friendly ones in tests/kernels_for_verify/."""
+import pytest
+import torch
+import torch.nn as nn
+
+import verify
+
+transformers = pytest.importorskip("transformers")
+
+from test_verify import by_name, kernels  # noqa: E402
+
+DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+               vocab_size=96, max_position_embeddings=64)
+LLAMA_TYPES = ("matmul", "rmsnorm", "flash_attention", "rotary_embedding", "fused_mlp")
+ENCODER_TYPES = ("matmul", "layernorm", "flash_attention")
+
+MODELS = {
+    # Llama-3 style: GQA 4:1, eps 1e-5.
+    "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **DECODER, num_key_value_heads=1, rms_norm_eps=1e-5)), LLAMA_TYPES),
+    # Qwen2: GQA 2:1, biases on q/k/v, eps 1e-6.
+    "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **DECODER, num_key_value_heads=2, rms_norm_eps=1e-6)), LLAMA_TYPES),
+    "mistral": (lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        **DECODER, num_key_value_heads=2, rms_norm_eps=1e-5, sliding_window=None)), LLAMA_TYPES),
+    # GPT-2: Conv1D projections (torch.addmm with a bias), layernorm eps 1e-5, causal attention.
+    "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=32, n_layer=1, n_head=2, vocab_size=96, n_positions=64)), ENCODER_TYPES),
+    # BERT: bidirectional attention, layernorm eps 1e-12, biased projections.
+    "bert": (lambda: transformers.BertModel(transformers.BertConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=96, max_position_embeddings=64), add_pooling_layer=False), ENCODER_TYPES),
+}
+
+
+def build(name):
+    torch.manual_seed(0)
+    make, types = MODELS[name]
+    model = make()
+    model.config._attn_implementation = "sdpa"
+    with torch.no_grad():  # norm weights and biases away from 1/0: a kernel that drops them shows
+        gen = torch.Generator().manual_seed(1)
+        for m in model.modules():
+            for attr in ("weight", "bias"):
+                p = getattr(m, attr, None)
+                if isinstance(p, nn.Parameter) and p.dim() == 1:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (attr == "weight"))
+    return model.eval(), types
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_kernel_type_runs_on_transformers_models(name):
+    model, types = build(name)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    entries = by_name(report)
+    for t in types:
+        e = entries[t]
+        assert e["calls"] > 0 and e["status"] == "ok", (t, e)
+        assert not e["fallbacks"] and not e["skipped"], (t, e["fallbacks"], e["skipped"])
+    assert report["correctness"]["passed"], report["correctness"]
+    assert report["passed"] and not report["failures"], report["failures"]
