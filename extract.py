@@ -14,6 +14,9 @@ kernels/<type>.py to workspace/<type>_<rank>.py and appends a block that sets
     BENCH_SHAPES = [(...), ...]            the model's real shapes in the type's convention, most
                                            time first: bench.py times the first, sweeps them all
     BENCH_DTYPE  = "fp16"                  the dtype the model ran in
+    BENCH_VARIANT = {"kv_groups": 4}       the model's variant of the type's contract, when it is
+                                           not the default (timed: bidirectional or grouped-query
+                                           attention, a matmul with a bias, a sum over another dim)
 
 CPU mode (no CUDA GPU): Triton's interpreter would take minutes to judge a model's real shapes,
 so BENCH_SHAPES holds them scaled down (`cpu_shape`): no dimension beyond what the type's own CPU
@@ -41,6 +44,7 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
                           model at these)
     bench_shapes   list   the file's BENCH_SHAPES as lists: `shapes` on a GPU, scaled in CPU mode
     dtype          str    BENCH_DTYPE
+    variant        dict   BENCH_VARIANT ({} = the type's default): the top shape's variant
     share          float  fraction (0..1) of the model's op time spent in this type's ops
     time_us        float  that time per forward
     amdahl_ceiling float  1 / (1 - share): end-to-end speedup if the kernel took no time
@@ -85,7 +89,7 @@ def merge_by_type(entries, types=None):
             skipped.append((e["name"], ktype, e.get("note") or "no shapes recorded"))
             continue
         m = merged.setdefault(ktype, {"kernel_type": ktype, "time_us": 0.0, "share": 0.0,
-                                      "ops": [], "shapes": {}, "bounds": []})
+                                      "ops": [], "shapes": {}, "variants": {}, "bounds": []})
         m["time_us"] += e["time_us"]
         m["share"] += e["share"]
         m["ops"].append(e["name"])
@@ -93,8 +97,11 @@ def merge_by_type(entries, types=None):
         for d in e["shape_detail"]:
             shape = tuple(d["shape"])
             m["shapes"][shape] = m["shapes"].get(shape, 0.0) + d["time_us"]
+            m["variants"].setdefault(shape, d.get("variant") or {})
     for m in merged.values():
         m["shapes"] = [list(s) for s, _ in sorted(m["shapes"].items(), key=lambda kv: -kv[1])]
+        # the timed variant: the one the shape with the most time runs
+        m["variant"] = m.pop("variants")[tuple(m["shapes"][0])]
         m["bound"] = max(m.pop("bounds"))[1]  # the bound of the op with the most time
     return sorted(merged.values(), key=lambda m: -m["time_us"]), skipped
 
@@ -141,9 +148,10 @@ def shape_list(shapes):
     return ", ".join("x".join(map(str, s)) for s in shapes)
 
 
-def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None):
+def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None, variant=None):
     """The starter with the contract block appended. real_shapes: the model's shapes when
-    `shapes` are CPU-scaled versions of them (the comment says so)."""
+    `shapes` are CPU-scaled versions of them (the comment says so); variant: the model's variant
+    of the type's contract (BENCH_VARIANT, when it is not the default)."""
     shape_lines = "".join(f"    {tuple(s)!r},\n" for s in shapes)
     scaled = "" if real_shapes is None else textwrap.fill(
         "CPU mode: BENCH_SHAPES are the model's shapes scaled down for Triton's interpreter (no "
@@ -155,7 +163,8 @@ def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None):
             f"# --- appended by extract.py: the shapes {model} runs, most time first ---\n"
             f"KERNEL_NAME = {name!r}\n"
             f"{scaled}BENCH_SHAPES = [\n{shape_lines}]\n"
-            f"BENCH_DTYPE = {dtype!r}\n")
+            f"BENCH_DTYPE = {dtype!r}\n"
+            + (f"BENCH_VARIANT = {variant!r}\n" if variant else ""))
 
 
 def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=False):
@@ -172,7 +181,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     path = Path(workspace) / f"{name}.py"
     shapes = bench_shapes(KERNEL_TYPES[ktype], candidate["shapes"], cpu)
     source = kernel_source(text, name, shapes, profile["dtype"], profile["model"],
-                           candidate["shapes"] if cpu else None)
+                           candidate["shapes"] if cpu else None, candidate.get("variant"))
     if path.exists() and path.read_text() != source and not force:
         raise UsageError(f"{path} exists with other content (the agent's work?): pass --force "
                          "to overwrite, skipped")
@@ -181,6 +190,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     share = candidate["share"]
     return {"rank": rank, "name": name, "kernel_type": ktype, "file": rel(path),
             "shapes": candidate["shapes"], "bench_shapes": shapes, "dtype": profile["dtype"],
+            "variant": candidate.get("variant") or {},
             "share": share,
             "time_us": candidate["time_us"],
             "amdahl_ceiling": 1.0 / (1.0 - share) if share < 1.0 else None,

@@ -44,7 +44,9 @@ profile.json schema (times are per iteration, in microseconds):
     time_us, share (of total_op_us, 0..1), calls (per iteration)
     shapes         [[...], ...] in the kernel type's convention (matmul (M,N,K), attention
                    (B,H,S,D), ...), most time first; [] when the type's shape can't be derived
-    shape_detail   [{"shape", "time_us", "calls"}] the same, with each shape's time
+    shape_detail   [{"shape", "variant", "time_us", "calls"}] the same, with each shape's time
+                   and the variant of the type's contract it runs ({} = the default; e.g.
+                   {"causal": false, "kv_groups": 4} for attention, {"bias": true} for matmul)
     bound          "compute" | "memory" (roofline; for untyped groups: the group's nature) | "n/a"
     pct_of_roofline  100 * roofline floor / measured time (typed ops on a GPU), else null
     amdahl_ceiling 1 / (1 - share): the end-to-end speedup if this op took no time at all
@@ -203,12 +205,13 @@ def _roofline(ktype_name, shape_detail, dtype, time_us, ceilings):
     if ceilings is None:
         return "n/a", None
     ktype = KERNEL_TYPES[ktype_name]
-    flops = sum(ktype.flops(d["shape"]) * d["calls"] for d in shape_detail)
+    flops = sum(ktype.flops(d["shape"], **d["variant"]) * d["calls"] for d in shape_detail)
     nbytes = sum(ktype.bytes(d["shape"], dtype) * d["calls"] for d in shape_detail)
     ridge = ceilings["tflops"] * 1e12 / (ceilings["bandwidth_gb_s"] * 1e9)  # FLOP per byte
     bound = "compute" if nbytes and flops / nbytes >= ridge else "memory"
     floor_us = sum(autokernel.roofline(ktype, d["shape"], dtype, d["time_us"] / d["calls"],
-                                       ceilings)["floor_us"] * d["calls"] for d in shape_detail)
+                                       ceilings, d["variant"])["floor_us"] * d["calls"]
+                   for d in shape_detail)
     return bound, (100.0 * floor_us / time_us if time_us > 0 else None)
 
 
@@ -217,21 +220,23 @@ def build_entries(anchors, iters, total_us, dtype, ceilings):
     rows = defaultdict(lambda: {"time": 0.0, "calls": 0, "shapes": defaultdict(lambda: [0.0, 0]),
                                 "notes": set()})
     for anchor, t in anchors:
-        name, group, ktype, shape, note = classify_event(anchor)
+        name, group, ktype, shape, note, variant = classify_event(anchor)
         row = rows[(name, group, ktype)]
         row["time"] += t
         row["calls"] += 1
         if shape is not None:
-            row["shapes"][shape][0] += t
-            row["shapes"][shape][1] += 1
+            key = (shape, tuple(sorted(variant.items())))
+            row["shapes"][key][0] += t
+            row["shapes"][key][1] += 1
         elif note:
             row["notes"].add(note)
     entries = []
     for (name, group, ktype), row in rows.items():
         time_us = row["time"] / iters
         share = row["time"] / total_us if total_us else 0.0
-        detail = sorted(({"shape": list(s), "time_us": t / iters, "calls": c / iters}
-                         for s, (t, c) in row["shapes"].items()), key=lambda d: -d["time_us"])
+        detail = sorted(({"shape": list(s), "variant": dict(v), "time_us": t / iters,
+                          "calls": c / iters} for (s, v), (t, c) in row["shapes"].items()),
+                        key=lambda d: -d["time_us"])
         if ktype and detail:  # the roofline of the calls whose shape is known
             bound, pct = _roofline(ktype, detail, dtype, sum(d["time_us"] for d in detail),
                                    ceilings)

@@ -33,7 +33,11 @@ tolerances: autokernel/endtoend.py).
 Timing: median of --repeat warm forwards (CUDA events on a GPU; perf_counter on a CPU, where the
 Triton interpreter makes the numbers meaningless and they are labelled so) for the original
 model in eager mode, torch.compile of the original (CUDA only unless --compile-backend is given;
---no-compile skips it), and the model with all kernels. Each kernel's share of the gain: the model
+--no-compile skips it), torch.compile of the model with the kernels inside (with the same
+backend, whenever the original is compiled: each kernel is a torch custom op, autokernel/ops.py,
+so inductor compiles the torch code around the kernels; its graph breaks, calls and outputs
+against the original are reported, a failure there is noted but does not fail the run), and the
+model with all kernels. Each kernel's share of the gain: the model
 is timed with ONLY that kernel swapped in; gain_ms = eager_ms - alone_ms, share = gain_ms /
 (eager_ms - kernels_ms), null when all kernels together lose. Shares need not add up to 100%
 (kernels interact, timings are noisy).
@@ -64,8 +68,17 @@ Writes workspace/verify.json (--out to change):
                    "loss_rel_err" (models returning a loss), "passed", "error"},
    "timing": {"method", "cuda_graphs": bool, "warmup", "repeat", "eager_ms", "compile_ms",
               "compile_note", "kernels_ms", "gainers": [names of kernels whose alone_ms beat eager],
-              "gainers_ms": float | null (the gainers together, when some kernels lose)} | null,
-   "speedup_vs_eager": float | null, "speedup_vs_compile": float | null}
+              "gainers_ms": float | null (the gainers together, when some kernels lose),
+              "compile_kernels_ms": float | null (torch.compile of the model with the kernels
+                                   inside, each a custom op; timed when compile_ms is),
+              "graph_breaks": int | null (dynamo's graph breaks tracing it, from
+                             torch._dynamo.explain: 0 expected),
+              "compile_kernels_calls": {kernel: calls in one compiled forward},
+              "compile_kernels_correctness": {the "correctness" keys} | null,
+              "compile_kernels_note": str | null (the backend, or why it failed)} | null,
+   "speedup_vs_eager": float | null, "speedup_vs_compile": float | null (both: the eager
+   kernels), "best_variant": "kernels" | "compile_kernels" | null (the faster of the two whose
+   outputs match), "best_ms": float | null, "best_speedup_vs_compile": float | null}
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
@@ -231,14 +244,16 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
     report = {"model": description, "device": device_name(), "dtype": autokernel.DTYPE_NAMES.get(
         dtype, str(dtype)), "timing_meaningful": autokernel.TIMING_MEANINGFUL,
         "kernels": entries, "correctness": correctness, "timing": None,
-        "speedup_vs_eager": None, "speedup_vs_compile": None}
+        "speedup_vs_eager": None, "speedup_vs_compile": None, "best_variant": None,
+        "best_ms": None, "best_speedup_vs_compile": None}
     if timing and not diagnose and not failures:
         report["timing"] = measure(model, inputs, used, weights, weight_layout, warmup, repeat,
-                                   compile_backend, cuda_graphs)
+                                   compile_backend, cuda_graphs, run_ref)
         t = report["timing"]
         report["speedup_vs_eager"] = t["eager_ms"] / t["kernels_ms"]
         if t["compile_ms"] is not None:
             report["speedup_vs_compile"] = t["compile_ms"] / t["kernels_ms"]
+        best_variant(report)
     report["failures"] = failures
     report["passed"] = not failures and all(e["status"] in ("ok", "unused") for e in entries)
     return report
@@ -295,16 +310,20 @@ def capture_breakers(model, inputs, kernels, weights, weight_layout):
 
 
 def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile_backend,
-            graphs=False):
-    """Eager, torch.compile, all kernels, and each kernel alone (for its share of the gain).
-    graphs: every one of them timed as CUDA graph replays (no launch overhead)."""
+            graphs=False, run_ref=None):
+    """Eager, torch.compile, torch.compile with the kernels inside, all kernels, and each kernel
+    alone (for its share of the gain). graphs: every one of them timed as CUDA graph replays
+    (no launch overhead). run_ref: the original's checked_forward, which the compiled model
+    with kernels is compared against."""
     kernels = [k for k, _ in used]
     warmup = (5 if autokernel.CUDA else 1) if warmup is None else warmup
     repeat = (20 if autokernel.CUDA else 3) if repeat is None else repeat
     method = "CUDA graph replays, CUDA events, median" if graphs else "CUDA events, median"
     timing = {"method": method if autokernel.CUDA else
               "perf_counter, median (CPU interpreter: not meaningful)", "cuda_graphs": graphs,
-              "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None}
+              "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None,
+              "compile_kernels_ms": None, "graph_breaks": None, "compile_kernels_calls": None,
+              "compile_kernels_correctness": None, "compile_kernels_note": None}
 
     steps = {"done": 0, "total": 3 + (len(kernels) if len(kernels) > 1 else 0),
              "start": time.monotonic()}
@@ -349,6 +368,11 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
                                      f"{describe(e)}"
         compiled = None
         torch._dynamo.reset()
+        steps["total"] += 1
+        timing.update(compile_with_kernels(model, inputs, kernels, weights, weight_layout,
+                                           backend, run_ref, lambda m: progress(
+                                               "torch.compile of the model with kernels",
+                                               time_forward(m, inputs, warmup, repeat, graphs))))
     timing["kernels_ms"] = timed(Swap(kernels, weights, weight_layout))
     total_gain = timing["eager_ms"] - timing["kernels_ms"]
     for k, e in used:
@@ -367,6 +391,68 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
         steps["total"] += 1
         timing["gainers_ms"] = timed(Swap(gainers, weights, weight_layout), "the gainers together")
     return timing
+
+
+def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend, run_ref,
+                         time_it):
+    """torch.compile of the model inside a compiled swap (each kernel a custom op: one node in
+    the graph). One eager forward first: the swap's host-side checks (cross_entropy's
+    ignore_index) keep the verdict it reads, since a traced forward cannot read one, and the
+    matmul weight copies exist before tracing (else the graph would rebuild them). Then the
+    compiled forward's graph breaks, its calls per kernel (counted as the ops run), its outputs
+    against the original's, and time_it(compiled model) in ms. A failure is noted, not fatal:
+    the eager kernels are the verdict."""
+    out = {"compile_kernels_note": f"torch.compile(backend={backend!r}) with kernels as ops"}
+    swap = Swap(kernels, weights, weight_layout, compiled=True)
+    try:
+        with swap.installed(model):
+            forward(model, inputs)
+            out["graph_breaks"] = graph_breaks(model, inputs)
+            compiled = torch.compile(model, backend=backend)
+            # Compile outside the timed runs: the plain forward that is timed, and the one under
+            # checked_forward's loss-input recorder (a mode: dynamo traces that one apart).
+            forward(compiled, inputs)
+            checked_forward(compiled, inputs)
+            swap.reset()
+            run = checked_forward(compiled, inputs)
+            out["compile_kernels_calls"] = dict(swap.calls)
+            out["compile_kernels_correctness"] = compare_runs(run, run_ref) \
+                if run_ref is not None else None
+            del run
+            out["compile_kernels_ms"] = time_it(compiled)
+    except Exception as e:  # report it, keep the other timings
+        out["compile_kernels_note"] += f" failed: {describe(e)}"
+    compiled = None
+    torch._dynamo.reset()
+    return out
+
+
+def graph_breaks(model, inputs):
+    """Dynamo's graph breaks in one traced forward, from torch._dynamo.explain (a trace of its
+    own, no backend compile). Its counters["graph_break"] alone misses data-dependent breaks."""
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(model)
+    with torch.no_grad():
+        if isinstance(inputs, dict):
+            result = explain(**inputs)
+        else:
+            result = explain(*inputs) if isinstance(inputs, (tuple, list)) else explain(inputs)
+    torch._dynamo.reset()
+    return result.graph_break_count
+
+
+def best_variant(report):
+    """The faster of the eager kernels and torch.compile with kernels (when its outputs match):
+    report keys best_variant, best_ms and best_speedup_vs_compile (null without a torch.compile
+    timing)."""
+    t = report["timing"]
+    c = t.get("compile_kernels_correctness")
+    # A compiled run whose outputs mismatch is no candidate.
+    times = {"kernels": t["kernels_ms"], "compile_kernels": t.get("compile_kernels_ms")
+             if c is None or c["passed"] else None}
+    name = min((n for n, ms in times.items() if ms is not None), key=times.get)
+    report.update(best_variant=name, best_ms=times[name], best_speedup_vs_compile=None
+                  if t["compile_ms"] is None else t["compile_ms"] / times[name])
 
 
 def device_name():
@@ -432,9 +518,14 @@ def print_report(r):
               f"kernels {t['kernels_ms']:.3f} ms{note}")
         if t["compile_ms"] is None:
             print(f"torch.compile: {t['compile_note']}")
+        print_compile_kernels(t)
         vs_compile = "n/a" if r["speedup_vs_compile"] is None else \
             f"{r['speedup_vs_compile']:.3f}x"
-        print(f"speedup: {r['speedup_vs_eager']:.3f}x vs eager, {vs_compile} vs torch.compile")
+        best = f"; best: {r['best_variant']} {r['best_ms']:.3f} ms" \
+            + ("" if r["best_speedup_vs_compile"] is None else
+               f", {r['best_speedup_vs_compile']:.3f}x vs torch.compile")
+        print(f"speedup: {r['speedup_vs_eager']:.3f}x vs eager, {vs_compile} vs torch.compile"
+              f"{best}")
         for e in (e for e in r["kernels"] if e["alone_ms"] is not None):
             print(f"share of gain: {e['name']:<22} alone {e['alone_ms']:.3f} ms, gain "
                   f"{e['gain_ms']:+.3f} ms, share {_g(e['share'], '.0%')}")
@@ -450,6 +541,20 @@ def print_report(r):
         print("hint: run again with --diagnose to find the kernel that breaks the model")
     print(f"verdict: {'PASS' if r['passed'] else 'FAIL'}"
           + (f" {r['speedup_vs_eager']:.3f}x vs eager" if r["speedup_vs_eager"] else ""))
+
+
+def print_compile_kernels(t):
+    """The torch.compile-with-kernels line: time, graph breaks, calls, outputs (or why none)."""
+    if t.get("compile_kernels_ms") is None:
+        if t["compile_ms"] is not None:
+            print(f"torch.compile with kernels: {t['compile_kernels_note']}")
+        return
+    c = t["compile_kernels_correctness"]
+    verdict = "not compared" if c is None else \
+        "PASS" if c["passed"] else f"FAIL ({describe_mismatch(c)})"
+    calls = ", ".join(f"{n} {k}" for n, k in t["compile_kernels_calls"].items()) or "none"
+    print(f"torch.compile with kernels: {t['compile_kernels_ms']:.3f} ms, "
+          f"{t['graph_breaks']} graph break(s), calls per forward: {calls}; outputs {verdict}")
 
 
 # ---------------------------------------------------------------------------------------------

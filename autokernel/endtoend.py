@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 import autokernel
+from autokernel import ops
 from autokernel.cli import describe
 
 # Measured noise between two correct implementations of a 6-layer random-init LLaMA: bf16 ~1e-2,
@@ -66,6 +67,12 @@ class _LossInput(TorchFunctionMode):
         if func is F.cross_entropy and args and isinstance(args[0], torch.Tensor) \
                 and not args[0].is_meta:
             self.logits = args[0].detach()
+        elif ops.kernel_type_of(func) == "cross_entropy":
+            # A compiled swap's cross_entropy op: dynamo traces it, not the F.cross_entropy call
+            # the swap intercepted (which the mode sees in eager runs).
+            logits = args[0] if args else kwargs["logits"]
+            if not logits.is_meta:
+                self.logits = logits.detach()
         return func(*args, **(kwargs or {}))
 
 

@@ -137,7 +137,7 @@ def _sum_norm_rms(inputs):
     # A sum's natural scale: the RMS of the L2 norms of the vectors summed (sqrt(N) for N unit
     # values), what the output's RMS is anyway when there are many outputs.
     x = inputs["x"].double()
-    return float(x.square().sum(inputs["dim"]).mean().sqrt()) if x.numel() else 1.0
+    return float(x.square().sum(inputs.get("dim", -1)).mean().sqrt()) if x.numel() else 1.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ OTHER = "other"
 # aten ops: one table from op name to (group, kernel type, shape function)
 # ---------------------------------------------------------------------------------------------
 # Shape functions get (input_shapes, concrete_inputs) as the profiler records them and return
-# the kernel type's shape tuple, or a string saying why there is none.
+# the kernel type's shape tuple, or (shape, variant) where the op is one of the type's variants
+# (autokernel.kernel_types: grouped-query or bidirectional attention, a bias, a sum over another
+# dim), or a string saying why there is none.
 
 def _rows(shape):
     """(M, N) of a tensor reduced/normalized over its last dim."""
@@ -55,7 +57,8 @@ def _linear_shape(shapes, concrete):
     x, w = shapes[0], shapes[1]
     if len(w) != 2:
         return f"linear weight of rank {len(w)}"
-    return (math.prod(x[:-1]), w[0], w[1])
+    bias = len(shapes) > 2 and bool(shapes[2])
+    return (math.prod(x[:-1]), w[0], w[1]), ({"bias": True} if bias else {})
 
 
 def _matmul_shape(shapes, concrete):
@@ -67,7 +70,7 @@ def _matmul_shape(shapes, concrete):
 
 def _addmm_shape(shapes, concrete):
     a, b = shapes[1], shapes[2]
-    return (a[0], b[1], a[1])
+    return (a[0], b[1], a[1]), ({"bias": True} if len(shapes[0]) == 1 else {})
 
 
 def _softmax_shape(shapes, concrete):
@@ -87,7 +90,6 @@ def _norm_shape(shapes, concrete):
 
 
 def _sum_shape(shapes, concrete):
-    """(M, N): N the summed dim's size, M the count of sums."""
     x, dims = shapes[0], _concrete(concrete, 1)
     if not x:
         return "sum of a scalar"
@@ -96,7 +98,14 @@ def _sum_shape(shapes, concrete):
     d = one_dim(dims, len(x))
     if d is None:
         return f"sum over dims {dims}, not over one dim"
-    return (math.prod(x) // x[d] if x[d] else 0, x[d])
+    return reduce_shape(x, d)
+
+
+def reduce_shape(shape, dim):
+    """A sum over dim of x as the reduce type sees it, x viewed as [outer, R, inner]: the shape
+    (outer, R), and the variant that adds the inner dims (none for the last dim)."""
+    inner = math.prod(shape[dim + 1:])
+    return (math.prod(shape[:dim]), shape[dim]), ({"dim": 1, "inner": inner} if inner > 1 else {})
 
 
 def _cross_entropy_shape(shapes, concrete):
@@ -117,7 +126,12 @@ def _sdpa_shape(shapes, concrete):
     if len(q) != 4 or len(k) != 4 or k != v or q[0] != k[0] or q[2:] != k[2:] \
             or q[1] % k[1]:
         return f"q/k/v shapes differ ({q}, {k}, {v}): cross attention"
-    return tuple(q)  # causal or not, grouped-query heads and any scale are the contract's
+    # Causal or not, grouped-query heads and any scale are the contract's; the variant keeps
+    # what changes the work (the scale does not).
+    variant = {"causal": False} if _concrete(concrete, 5) is False else {}
+    if q[1] != k[1]:
+        variant["kv_groups"] = q[1] // k[1]
+    return tuple(q), variant
 
 
 def _table(*rows):
@@ -195,18 +209,19 @@ GROUP_BOUND = {"elementwise": "memory", "copy/cast": "memory", "embedding": "mem
 
 
 def classify_op(name, shapes, concrete):
-    """(group, kernel_type, shape or None, note) for an outermost op."""
+    """(group, kernel_type, shape or None, note, variant) for an outermost op."""
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
     group, ktype, shape_fn = OP_TABLE.get(name) or OP_TABLE.get(base) or (OTHER, None, None)
     if ktype is None:
-        return group, None, None, ""
+        return group, None, None, "", {}
     try:
         shape = shape_fn(shapes, concrete)
     except (IndexError, TypeError, ValueError) as e:
         shape = f"could not read {name}'s input shapes ({e})"
     if isinstance(shape, str):
-        return group, ktype, None, shape
-    return group, ktype, tuple(int(d) for d in shape), ""
+        return group, ktype, None, shape, {}
+    shape, variant = shape if shape and isinstance(shape[-1], dict) else (shape, {})
+    return group, ktype, tuple(int(d) for d in shape), "", variant
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,11 +291,11 @@ def module_scopes(model):
 
 
 def classify_event(event):
-    """(name, group, kernel_type, shape or None, note) for a profiler event that time is
+    """(name, group, kernel_type, shape or None, note, variant) for a profiler event that time is
     attributed to: an autokernel scope (named by its module class) or an aten op."""
     if event.name.startswith(SCOPE_PREFIX):
         label, ktype, shape = parse_scope(event.name)
-        return label, ktype, ktype, shape, ""
-    group, ktype, shape, note = classify_op(event.name, event.input_shapes or [],
-                                            getattr(event, "concrete_inputs", None) or [])
-    return event.name, group, ktype, shape, note
+        return label, ktype, ktype, shape, "", {}
+    group, ktype, shape, note, variant = classify_op(
+        event.name, event.input_shapes or [], getattr(event, "concrete_inputs", None) or [])
+    return event.name, group, ktype, shape, note, variant

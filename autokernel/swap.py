@@ -5,8 +5,11 @@ A kernel file, loaded (Kernel), becomes a callable of its type's contract (Kerne
 reference's named tensors in, an output checked against the reference's shape and dtype out).
 A Swap plugs such ops into one model for the length of a `with swap.installed(model):` block and
 records what happened: calls and shapes per kernel, fallbacks with their reasons, modules it
-could not swap. verify.py runs models with swaps; KernelOp is where a kernel file will become a
-torch custom op for compiled and exported models.
+could not swap. verify.py runs models with swaps. Swap(..., compiled=True) calls each kernel
+through its torch custom op (autokernel/ops.py), so torch.compile of the model inside
+`swap.installed` traces the patched entry points and keeps each kernel call as one opaque node;
+calls are then counted by the op's body as the compiled forward runs it. Dynamo guards on the
+patched entry points: the compiled model traced inside the block is traced again outside it.
 
 The rules (SWAP_RULES, one entry per kernel type):
   * While a kernel type is active, the torch entry points its rule handles are patched (and
@@ -52,8 +55,9 @@ import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 
 import autokernel
+from autokernel import ops
 from autokernel.cli import describe
-from autokernel.recognize import is_last_dim, one_dim
+from autokernel.recognize import is_last_dim, one_dim, reduce_shape
 from autokernel.results import rel
 
 FALLBACK = object()  # a handler's "not mine: run the original op"
@@ -88,12 +92,29 @@ class KernelOp:
     """One kernel as a callable of its type's contract: op(shape, **tensors) calls kernel_fn and
     checks that the output has the shape and dtype the reference gives these inputs; anything
     else, or an exception, is a KernelFailure that names the kernel. `shape` is the contract
-    shape the call is reported under."""
+    shape the call is reported under.
+    compiled: self.op is the kernel's torch custom op (autokernel/ops.py), which torch.compile
+    keeps as one node; its body is this same checked call. A compiled swap calls self.op, an
+    eager one calls this directly: the op's dispatch costs host time a kernel call cannot spare."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, compiled=False, on_call=None):
         self.kernel = kernel
         self.ktype = autokernel.KERNEL_TYPES[kernel.kernel_type]
         self.specs = {}  # input shapes and dtypes -> the reference's output (shape, dtype)
+        self.op = ops.kernel_op(kernel, self._op_body) if compiled else None
+        # on_call(op, shape) after each call of the op's body, held weakly: ops.py keeps the
+        # body (and so this KernelOp) registered after its swap is gone.
+        self.on_call = on_call and weakref.WeakMethod(on_call)
+
+    def _op_body(self, **inputs):
+        """The custom op's real body, run when the (compiled) forward runs: the checked call,
+        reported under the shape the kernel got (a padded matmul: the padded N)."""
+        shape = SWAP_RULES[self.kernel.kernel_type].contract_shape(inputs)
+        out = self(shape, **inputs)
+        count = self.on_call and self.on_call()
+        if count:
+            count(self, shape)
+        return out
 
     def __call__(self, shape, **inputs):
         key = tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
@@ -142,7 +163,7 @@ class WeightCache:
     def transposed(self, weight):
         key = id(weight)
         hit = self.copies.get(key)
-        if hit and hit[0]() is weight and hit[1] == weight._version:
+        if hit and hit[0]() is weight and _same_version(hit[1], weight):
             return hit[2]
         n, k = weight.shape
         per_16_bytes = max(1, 16 // weight.element_size())
@@ -157,7 +178,7 @@ class WeightCache:
         if bias is None or bias.shape[0] == width:
             return bias
         hit = self.copies.get(id(bias))
-        if hit and hit[0]() is bias and hit[1] == bias._version:
+        if hit and hit[0]() is bias and _same_version(hit[1], bias):
             return hit[2]
         copy = bias.new_zeros((width,))
         copy[:bias.shape[0]] = bias.detach()
@@ -165,15 +186,22 @@ class WeightCache:
         return copy
 
 
+def _same_version(version, tensor):
+    """Whether a tensor is unchanged since its copy was made. Dynamo sees a tensor's _version as
+    data (a graph break): a traced forward trusts the copy, and keeps it while it runs."""
+    return torch.compiler.is_compiling() or version == tensor._version
+
+
 class Swap:
     """Kernels plugged into one model: dispatch by type (and declared shape), call counts, shapes
     seen, fallbacks with reasons, modules skipped with reasons."""
 
-    def __init__(self, kernels, weights=None, weight_layout="copy"):
+    def __init__(self, kernels, weights=None, weight_layout="copy", compiled=False):
         self.kernels = list(kernels)
+        self.compiled = compiled  # kernels called through their custom ops (torch.compile)
         self.by_type = defaultdict(list)  # type -> its KernelOps, in the order given
         for k in self.kernels:
-            self.by_type[k.kernel_type].append(KernelOp(k))
+            self.by_type[k.kernel_type].append(KernelOp(k, compiled, self._count))
         self.weights = weights or WeightCache()
         self.weight_layout = weight_layout
         self.busy = False  # inside a kernel_fn: its own torch calls pass straight through
@@ -190,12 +218,17 @@ class Swap:
     def active(self, ktype):
         return bool(self.by_type.get(ktype))
 
+    # Fallbacks and notes are counted in eager forwards only: dynamo would guard on the counts
+    # and compile the model again at every call (and recompiling inside a CUDA graph capture
+    # breaks it). verify.py runs the model eagerly before it compiles it.
     def fallback(self, ktype, reason):
-        self.fallbacks[ktype][reason] += 1
+        if not torch.compiler.is_compiling():
+            self.fallbacks[ktype][reason] += 1
         return FALLBACK
 
     def note(self, ktype, text):
-        self.notes[ktype].add(text)
+        if not torch.compiler.is_compiling():
+            self.notes[ktype].add(text)
 
     def run(self, ktype, model_shape=None, **inputs):
         """Call the kernel for this type with the contract's arguments. Which kernel: the one
@@ -205,6 +238,8 @@ class Swap:
         candidates = self.by_type[ktype]
         op = next((o for o in candidates if shape in o.kernel.shapes), None) or \
             next((o for o in candidates if not o.kernel.shapes), candidates[0])
+        if self.compiled:  # the op's body counts the call when it runs (_count)
+            return op.op(**inputs)
         busy, self.busy = self.busy, True  # the kernel's and the meta reference's torch calls
         try:                                # pass through (a patched handler may be busy already)
             out = op(shape, **inputs)
@@ -214,6 +249,10 @@ class Swap:
         self.shapes[op.kernel.name].add(op.ktype.shape_str(shape))
         return out
 
+    def _count(self, op, shape):
+        self.calls[op.kernel.name] += 1
+        self.shapes[op.kernel.name].add(op.ktype.shape_str(shape))
+
     @contextlib.contextmanager
     def installed(self, model):
         """Plug the kernels into `model` and restore everything on exit, also when the forward
@@ -222,6 +261,11 @@ class Swap:
         module-level patches. Only what an active rule handles is touched: no TorchFunctionMode,
         so torch calls the kernels do not replace cost nothing extra (a mode taxed every call
         and tensor access of the forward, ~1.7 us each, which made the model host-bound)."""
+        # Dynamo records torch's functions by identity when it is first imported: imported
+        # while torch.sum is patched, it would not know the real one again (a graph break in
+        # every later torch.compile). The swap's handlers ask torch.compiler.is_compiling(),
+        # which imports it: import it here, before anything is patched.
+        import torch._dynamo  # noqa: F401
         patches, swapped = [], set()
         for ktype, rule in SWAP_RULES.items():
             if self.active(ktype):
@@ -260,21 +304,16 @@ class Swap:
 def _patched(swap, original, handler):
     """`original` (a torch function or Tensor method) with the rule's handler in front: the
     handler gets the call's arguments bound to its own signature; the original runs on FALLBACK,
-    on a call the handler's signature cannot bind, and while swap.busy."""
-    signature = inspect.signature(handler)
+    on a call the handler's signature cannot bind, while swap.busy and while a kernel's custom
+    op body runs (ops.RUNNING: under torch.compile swap.busy is only set in the traced program)."""
+    binds = _binder(handler)
     # Whether a call binds depends only on how many positional arguments it has and which
-    # keywords it names, so bind once per calling convention (Signature.bind costs ~5 us).
+    # keywords it names, so check once per calling convention.
     bindable = {}
-
-    def binds(args, kwargs):
-        try:
-            signature.bind(swap, *args, **kwargs)
-            return True
-        except TypeError:
-            return False
+    running = ops.RUNNING  # an op body (real, fake, backward) runs: pass through
 
     def call(*args, **kwargs):
-        if swap.busy:  # a kernel's, a handler's or a fallback's own torch calls
+        if swap.busy or running[0]:  # a kernel's, a handler's or a fallback's own torch calls
             return original(*args, **kwargs)
         relevant = args + tuple(kwargs.values()) if kwargs else args
         if has_torch_function(relevant):
@@ -284,7 +323,7 @@ def _patched(swap, original, handler):
         convention = (len(args), tuple(kwargs))
         ok = bindable.get(convention)
         if ok is None:
-            ok = bindable[convention] = binds(args, kwargs)
+            ok = bindable[convention] = binds(len(args), tuple(kwargs))
         if not ok:  # a calling convention the rule does not know: leave it alone
             return original(*args, **kwargs)
         # Busy for the handler's glue and the fallback too: F.softmax's original calls
@@ -296,6 +335,32 @@ def _patched(swap, original, handler):
         finally:
             swap.busy = False
     return call
+
+
+def _binder(handler):
+    """binds(n_positional, keyword_names): whether a call with that convention binds to the
+    handler's signature after its `swap` argument, as Signature.bind would decide. Plain
+    Python on precomputed sets, so dynamo traces it (Signature.bind's mapping proxies break
+    the graph) and it costs less than a bind."""
+    P = inspect.Parameter
+    params = list(inspect.signature(handler).parameters.values())[1:]
+    positional = [p.name for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    by_keyword = {p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)}
+    required = {p.name for p in params if p.default is P.empty
+                and p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
+    var_args = any(p.kind == P.VAR_POSITIONAL for p in params)
+    var_kwargs = any(p.kind == P.VAR_KEYWORD for p in params)
+
+    def binds(n, names):
+        if n > len(positional) and not var_args:
+            return False
+        filled = set(positional[:n])
+        for name in names:
+            if name in filled or (name not in by_keyword and not var_kwargs):
+                return False
+            filled.add(name)
+        return required <= filled
+    return binds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,13 +507,17 @@ def _softmax_torch(swap, input, dim, dtype=None):
 
 
 def _capturing():
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """A CUDA graph capture, or dynamo tracing: either way a value read back from the device
+    cannot steer the Python code (a sync, or a graph break)."""
+    return torch.compiler.is_compiling() or \
+        (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _hits_ignore_index(swap, target, ignore_index):
     """Whether a target is ignore_index (the contract has none). Reading that back syncs, which a
-    CUDA graph capture forbids: there the answer of the warm-up forwards just before it (same
-    inputs, same shapes) is reused, and with none the call falls back to torch."""
+    CUDA graph capture forbids and dynamo cannot trace without a graph break: there the answer
+    of the eager warm-up forwards before it (same inputs, same shapes) is reused, and with none
+    the call falls back to torch. A compiled forward keeps the answer it was traced with."""
     key = (tuple(target.shape), ignore_index)
     if _capturing():
         return swap.ignore_index_seen.get(key, True)
@@ -569,16 +638,17 @@ def _rotary_module(swap, module):
 class _HalfTables:
     """transformers' cos/sin are [B, S, D] with the [S, D/2] table duplicated along the last dim
     and repeated over the batch. Check that once per table object and keep the [S, D/2] halves.
-    The check reads values back (a sync), which a CUDA graph capture forbids: there the verdict
-    of the warm-up forwards at the same shapes is reused (the tables are rebuilt every forward,
-    the same way), and with none the call falls back to torch."""
+    The check reads values back (a sync), which a CUDA graph capture forbids and torch.compile
+    cannot trace: there the verdict of the eager forwards at the same shapes is reused (the
+    tables are rebuilt every forward, the same way), and with none the call falls back to torch."""
 
     def __init__(self):
         self.cache = {}
         self.verdicts = {}  # (shape, dtype) of the tables -> all checked so far had the layout
 
     def get(self, cos, sin, dtype):
-        hit = self.cache.get(id(cos))
+        tracing = torch.compiler.is_compiling()
+        hit = None if tracing else self.cache.get(id(cos))
         if hit and hit[0]() is cos and hit[1]() is sin:
             return hit[2]
         halves = None
@@ -586,7 +656,7 @@ class _HalfTables:
             c, s = (t.reshape(-1, *t.shape[-2:]) for t in (cos, sin))
             h = c.shape[-1] // 2
             key = (tuple(cos.shape), cos.dtype)
-            if _capturing():
+            if tracing or _capturing():
                 ok = self.verdicts.get(key, False)
             else:
                 ok = all(torch.equal(t[..., :h], t[..., h:]) and torch.equal(t, t[:1].expand_as(t))
@@ -594,7 +664,8 @@ class _HalfTables:
                 self.verdicts[key] = self.verdicts.get(key, True) and ok
             if ok:
                 halves = tuple(t[0, :, :h].to(dtype).contiguous() for t in (c, s))
-        self.cache[id(cos)] = (weakref.ref(cos), weakref.ref(sin), halves)
+        if not tracing:
+            self.cache[id(cos)] = (weakref.ref(cos), weakref.ref(sin), halves)
         return halves
 
 
@@ -659,7 +730,7 @@ SWAP_RULES = {
     "cross_entropy": SwapRule(functions={(F, "cross_entropy"): _cross_entropy}),
     "rotary_embedding": SwapRule(modules=(_rotary_module,), patches=(_hf_rotary_patches,)),
     "reduce": SwapRule(functions={(torch, "sum"): _sum, (T, "sum"): _sum},
-                       contract_shape=lambda t: (t["x"].numel() // max(1, t["x"].shape[t["dim"]]),
-                                                 t["x"].shape[t["dim"]])),
+                       contract_shape=lambda t: reduce_shape(tuple(t["x"].shape),
+                                                             t["dim"] % t["x"].dim())[0]),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)

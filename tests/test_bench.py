@@ -80,8 +80,9 @@ def make_repo(path, init_git=True):
     path.mkdir(parents=True)
     for name in REPO_FILES:
         shutil.copy(autokernel.ROOT / name, path / name)
-    shutil.copytree(autokernel.ROOT / "autokernel", path / "autokernel",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("autokernel", "kernels"):  # the attacks' correct halves are the starters
+        shutil.copytree(autokernel.ROOT / folder, path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(GOOD, path / "kernel.py")
     if init_git:
         git(path, "init", "-q")
@@ -261,7 +262,8 @@ def test_slower_than_best_is_reverted(runs):
     run = r["second"]
     assert run["rc"] == 0, run["stderr"][-2000:]
     assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert"
-    assert "slower than the kept version" in run["last_line"], run["stdout"]
+    # "slower than the kept version", or on a loaded CPU "within the ... noise" of it
+    assert "the kept version" in run["last_line"], run["stdout"]
     assert run["keys"]["kept_rounds_us"] and run["keys"]["best_kept_us"] != "n/a"
     assert r["commits"] == 2 and r["status"] == ""
     assert r["kernel"] == variant(GOOD.read_text(), 1)  # back to the kept version

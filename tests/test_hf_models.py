@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import autokernel
 import verify
 
 transformers = pytest.importorskip("transformers")
@@ -64,3 +65,23 @@ def test_every_kernel_type_runs_on_transformers_models(name):
         assert not e["fallbacks"] and not e["skipped"], (t, e["fallbacks"], e["skipped"])
     assert report["correctness"]["passed"], report["correctness"]
     assert report["passed"] and not report["failures"], report["failures"]
+
+
+def test_profile_records_the_variant_and_extract_times_it(tmp_path):
+    """Qwen2's grouped-query attention and biased q/k/v projections, BERT's bidirectional
+    attention: profile.json records each shape's variant and extract.py's kernel file times it
+    (BENCH_VARIANT), so the night optimizes the case the model runs."""
+    import extract
+    from test_profile import run_profile
+    ids = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(3))
+    for name, want in (("qwen2", {"kv_groups": 2}), ("bert", {"causal": False})):
+        result = run_profile(build(name)[0], (ids,))
+        merged = {m["kernel_type"]: m for m in extract.merge_by_type(result["entries"])[0]}
+        assert merged["flash_attention"]["variant"] == want, (name, merged["flash_attention"])
+        assert {"bias": True} in [d["variant"] for e in result["entries"]
+                                  if e["kernel_type"] == "matmul" for d in e["shape_detail"]]
+        profile = {"dtype": "fp32", "model": name}
+        row = extract.write_kernel(merged["flash_attention"], 1, profile,
+                                   autokernel.ROOT / "kernels", tmp_path / name, force=False)
+        assert row["variant"] == want
+        assert f"BENCH_VARIANT = {want!r}" in (tmp_path / name / "flash_attention_1.py").read_text()

@@ -1,7 +1,8 @@
 """The overnight run, end to end on a CPU, through the real CLIs: a scripted agent that uses only
 commands program.md gives profiles a two-op model, extracts its kernels and works on both with a
-switch between them: nine experiments on the first (slow, faster, slower, wrong, syntax error,
-crashing, hanging, torch doing the math, a forged results.tsv), then a baseline and two more on
+switch between them: seven experiments on the first (slow, faster, slower, wrong, crashing,
+torch doing the math, a forged results.tsv; syntax errors and hangs are tests/test_bench.py's
+CLI cases), then a baseline and two more on
 the second (a cached output, wrong); then the morning: analysis and verify. Checked: every
 attempt has its row, one commit per keep, the orchestrator's moves (by reverts and speedup, and
 by time), each kernel's workspace file is its last kept version, verify re-gated exactly those
@@ -70,16 +71,15 @@ PAUSED = wrapped("    first = (list(args) + list(kwargs.values()))[0]\n"
                  "        time.sleep(0.5)  # surely slower, whatever the interpreter's noise\n"
                  "    return _original(*args, **kwargs)\n", "import time\n")
 WRONG_MATH = {"reduce": ("total = tl.sum(acc, axis=1)", "total = tl.max(acc, axis=1)"),
-              "rmsnorm": ("y = x * rstd[:, None] * w[None, :]", "y = x * rstd[:, None]")}
+              "rmsnorm": ("rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)",
+                          "rstd = 1.0 / tl.sqrt(tl.sum(x, axis=1) / N + eps)")}
 
 EDITS = {  # name -> (description for -m, edit(kernel type, source, starter) -> source)
     "paused": ("first version: the starter, pausing at the timed shape", PAUSED),
     "faster": ("drop the pause", lambda k, s, starter: starter),
     "slower": ("add a pause back", PAUSED),
     "wrong": ("drop a term (wrong math)", lambda k, s, starter: s.replace(*WRONG_MATH[k])),
-    "syntax": ("typo", lambda k, s, starter: s + "\ndef kernel_fn(:\n"),
     "crash": ("abort", wrapped("    import os\n    os.abort()\n")),
-    "hang": ("spin", wrapped("    while True:\n        pass\n")),
     "torch": ("let torch do it", wrapped(
         "    import reference\n    return getattr(reference, KERNEL_TYPE)(*args, **kwargs)\n")),
     "cached": ("cache the output", wrapped(
@@ -99,9 +99,7 @@ FIRST_VISIT = [
     # Reverted either as slower or, on a loaded CPU, as within the rounds' noise.
     ("slower", "PASS", "revert", "the kept version"),
     ("wrong", "FAIL", "revert", "smoke"),
-    ("syntax", "FAIL", "revert", "syntax error"),
     ("crash", "CRASH", "revert", "SIGABRT"),
-    ("hang", "TIMEOUT", "revert", "wall-clock limit"),
     ("torch", "FAIL", "revert", "torch"),
     ("forge", "FAIL", "revert", "changed results.tsv"),
 ]
@@ -149,8 +147,8 @@ class Agent:
         assert proc.returncode == 0, f"{command}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         return proc, out
 
-    def bench(self, description, *extra):
-        proc, out = self.ok(f"uv run bench.py {' '.join(extra)} -m {shlex.quote(description)}")
+    def bench(self, description):
+        proc, out = self.ok(f"uv run bench.py -m {shlex.quote(description)}")
         assert proc.stdout.splitlines()[-1].startswith("verdict: "), proc.stdout[-2000:]
         return out
 
@@ -193,7 +191,7 @@ def play_visit(agent, repo, kernel, starter, visit, number):
         edited = change(ktype, source, starter) if change else source
         assert change is None or edited != source, f"experiment {number}: {edit} changed nothing"
         (repo / "kernel.py").write_text(edited)
-        verdict = agent.bench(description, *(["--timeout", "10"] if edit == "hang" else []))
+        verdict = agent.bench(description)
         assert (verdict["correctness"], verdict["status"]) == (correctness, status), \
             f"experiment {number} ({edit}): {verdict}"
         assert reason in verdict.get("reason", "") + verdict.get("keep_rule", ""), verdict
@@ -221,7 +219,7 @@ def test_overnight(tmp_path):
     number = play_visit(agent, repo, names[0], starters[names[0]], FIRST_VISIT, 1)
     out = agent.next()
     assert (out["action"], out["kernel"]) == ("switch", names[1])
-    assert "7 consecutive reverts" in out["reason"] and "this visit" in out["reason"]
+    assert "5 consecutive reverts" in out["reason"] and "this visit" in out["reason"]
     play_visit(agent, repo, names[1], starters[names[1]], SECOND_VISIT, number)
     agent.clock += timedelta(hours=2)  # the agent spent two more hours on the second kernel
     out = agent.next()  # every kernel visited: back to the first, from its best

@@ -7,7 +7,8 @@ from models import llama
 def test_classify_op_table():
     c = recognize.classify_op
     assert c("aten::linear", [[4, 8, 16], [32, 16], [32]], []) == ("matmul", "matmul",
-                                                                    (32, 32, 16), "")
+                                                                    (32, 32, 16), "",
+                                                                    {"bias": True})
     assert c("aten::addmm", [[32], [8, 16], [16, 32]], [])[2] == (8, 32, 16)
     assert c("aten::softmax", [[4, 8, 16], [], []], [None, -1, None])[2] == (32, 16)
     assert c("aten::softmax", [[4, 8, 16], [], []], [None, 1, None])[2] is None
@@ -18,11 +19,12 @@ def test_classify_op_table():
     # Bidirectional, grouped-query (4 query heads on 2 key/value heads), scaled: the same type.
     gqa = [[1, 4, 8, 16], [1, 2, 8, 16], [1, 2, 8, 16], [], [], [], [], []]
     assert c("aten::scaled_dot_product_attention", gqa,
-             [None, None, None, None, 0.0, False, 0.3, True])[1:3] == ("flash_attention",
-                                                                       (1, 4, 8, 16))
+             [None, None, None, None, 0.0, False, 0.3, True])[1:] == (
+        "flash_attention", (1, 4, 8, 16), "", {"causal": False, "kv_groups": 2})
     cross = [[1, 2, 8, 16], [1, 2, 5, 16], [1, 2, 5, 16], [], [], [], [], []]
     assert c("aten::scaled_dot_product_attention", cross, [])[2] is None
-    assert c("aten::sum", [[4, 8, 16]], [None, [1]])[2] == (64, 8)    # any one dim
+    assert c("aten::sum", [[4, 8, 16]], [None, [1]])[2:] == ((4, 8), "", {"dim": 1, "inner": 16})
+    assert c("aten::sum", [[4, 8, 16]], [None, [-1]])[2:] == ((32, 16), "", {})
     assert c("aten::sum", [[4, 8, 16]], [None, [0, 1]])[2] is None
     assert c("aten::layer_norm", [[4, 8, 16], [], [8, 16], [8, 16]], [None, [8, 16]])[2] == \
         (4, 128)                                                         # several trailing dims

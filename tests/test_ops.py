@@ -1,0 +1,155 @@
+"""Kernels as torch custom ops (autokernel/ops.py) and the model with kernels under
+torch.compile, on the CPU: every test kernel becomes an op whose output is kernel_fn's, whose fake
+gives the reference's shape and dtype, and whose backward is the reference's; a compiled swap
+traces with no graph break and computes the original's outputs; verify.py times and checks
+torch.compile with the kernels inside (the one inductor compile of this file: C++ builds are
+slow on the CPU, aot_eager proves the tracing elsewhere)."""
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import autokernel
+import verify
+from autokernel import ops
+from autokernel.endtoend import checked_forward, compare_runs, forward
+from autokernel.swap import KernelFailure, Swap
+from models import custom
+
+KDIR = Path(__file__).resolve().parent / "kernels_for_verify"
+TINY = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32)
+CUSTOM_TYPES = ("matmul", "softmax", "layernorm", "reduce", "cross_entropy")
+SMALL = {"matmul": (8, 16, 32), "softmax": (4, 24), "layernorm": (4, 24), "rmsnorm": (4, 24),
+         "flash_attention": (1, 2, 16, 16), "fused_mlp": (8, 16, 32), "cross_entropy": (8, 24),
+         "rotary_embedding": (1, 2, 8, 16), "reduce": (4, 24)}
+
+
+def kernel(name):
+    return verify.load_kernel(KDIR / f"{name}.py")
+
+
+def small_inputs(kernel_type, variant=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return autokernel.KERNEL_TYPES[kernel_type].inputs(SMALL[kernel_type], dtype, "cpu", gen,
+                                                      variant)
+
+
+def tiny_custom():
+    torch.manual_seed(0)
+    return custom.Model(TINY).eval(), custom.get_inputs(1, 8, config=TINY)
+
+
+# ---- one op per kernel file -----------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel_type", autokernel.KERNEL_TYPE_NAMES)
+def test_op_registers_with_the_types_arguments(kernel_type):
+    k = kernel(kernel_type)
+    op = ops.kernel_op(k)
+    assert op is getattr(torch.ops.autokernel, ops.op_name(k)).default
+    assert [a.name for a in op._schema.arguments] == list(autokernel.KERNEL_TYPES[kernel_type].args)
+    assert ops.kernel_op(k) is op  # loading the file again reuses the op
+
+
+def test_op_names_are_identifiers_unique_per_file(tmp_path):
+    a, b = kernel("softmax"), kernel("softmax")
+    b.name, b.file = "my-softmax v2", tmp_path / "softmax.py"
+    assert ops.op_name(a) != ops.op_name(b)
+    assert ops.op_name(b).startswith("my_softmax_v2_") and ops.op_name(b).isidentifier()
+
+
+def test_signature_types_optional_and_scalar_arguments():
+    params = ops.signature("layernorm").parameters
+    assert params["weight"].annotation == ops.ARG_TYPES["weight"]
+    assert params["eps"].annotation is float
+    assert ops.signature("flash_attention").parameters["scale"].default is None
+    assert ops.signature("reduce").parameters["dim"].annotation is int
+
+
+@pytest.mark.parametrize("kernel_type, variant", [
+    ("softmax", None), ("layernorm", {"affine": False}), ("rmsnorm", None),
+    ("flash_attention", {"causal": False, "scale": 0.3}), ("reduce", {"dim": 0}),
+    ("matmul", {"bias": True}), ("cross_entropy", None)])
+def test_op_output_is_kernel_fns(kernel_type, variant):
+    k = kernel(kernel_type)
+    inputs = small_inputs(kernel_type, variant)
+    torch.testing.assert_close(ops.kernel_op(k)(**inputs), k.fn(**inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel_type", autokernel.KERNEL_TYPE_NAMES)
+def test_fake_gives_the_references_shape_and_dtype(kernel_type):
+    op = ops.kernel_op(kernel(kernel_type))
+    inputs = small_inputs(kernel_type, dtype=torch.float16)
+    want = autokernel.KERNEL_TYPES[kernel_type].eager(**inputs)
+    with FakeTensorMode() as mode:
+        fake = {n: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                for n, v in inputs.items()}
+        out = op(**fake)
+    assert (tuple(out.shape), out.dtype) == (tuple(want.shape), want.dtype)
+
+
+def test_backward_is_the_references():
+    k = kernel("layernorm")
+    inputs = small_inputs("layernorm")
+    leaves = {n: v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v
+              for n, v in inputs.items()}
+    ops.kernel_op(k)(**leaves).square().sum().backward()
+    ref = {n: v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v
+           for n, v in inputs.items()}
+    autokernel.KERNEL_TYPES["layernorm"].eager(**ref).square().sum().backward()
+    for n in ("x", "weight", "bias"):
+        torch.testing.assert_close(leaves[n].grad, ref[n].grad)
+
+
+# ---- a compiled swap ------------------------------------------------------------------------
+
+def test_eager_swap_calls_kernel_fn_directly():
+    swap = Swap([kernel("softmax")])
+    assert all(op.op is None for ops_ in swap.by_type.values() for op in ops_)
+
+
+def test_compiled_swap_checks_the_kernels_output(tmp_path):
+    bad = tmp_path / "softmax.py"
+    bad.write_text((KDIR / "softmax.py").read_text() + "\n\ndef kernel_fn(x):\n    return x[:1]\n")
+    swap = Swap([verify.load_kernel(bad)], compiled=True)
+    with pytest.raises(KernelFailure, match="returned"):
+        with swap.installed(torch.nn.Identity()):
+            torch.softmax(torch.randn(4, 8), dim=-1)
+
+
+def test_compiled_model_with_kernels_traces_without_graph_breaks():
+    model, inputs = tiny_custom()
+    run_ref = checked_forward(model, inputs)
+    swap = Swap([kernel(n) for n in CUSTOM_TYPES], compiled=True)
+    try:
+        with swap.installed(model):
+            forward(model, inputs)  # the eager verdicts the traced forward keeps (ignore_index)
+            # explain: a trace with no backend compile; it also sees data-dependent breaks,
+            # which dynamo's graph_break counter does not count.
+            assert verify.graph_breaks(model, inputs) == 0
+            compiled = torch.compile(model, backend="aot_eager")
+            checked_forward(compiled, inputs)
+            swap.reset()
+            run = checked_forward(compiled, inputs)
+    finally:
+        torch._dynamo.reset()
+    # Counted as the ops ran: one compiled forward, every kernel in it.
+    assert dict(swap.calls) == {"layernorm": 3, "matmul": 5, "softmax": 1, "reduce": 1,
+                                "cross_entropy": 1}
+    result = compare_runs(run, run_ref)
+    assert result["passed"], result
+
+
+def test_verify_times_torch_compile_with_kernels_inside():
+    model, inputs = tiny_custom()
+    report = verify.verify(model, inputs, [kernel(n) for n in CUSTOM_TYPES], warmup=0, repeat=1,
+                           compile_backend="inductor")
+    t = report["timing"]
+    assert report["passed"], report["failures"]
+    assert t["compile_ms"] and t["compile_kernels_ms"], t["compile_kernels_note"]
+    assert t["graph_breaks"] == 0
+    assert t["compile_kernels_calls"]["matmul"] == 5
+    assert t["compile_kernels_correctness"]["passed"], t["compile_kernels_correctness"]
+    assert report["best_variant"] in ("kernels", "compile_kernels")
+    assert report["best_speedup_vs_compile"] == pytest.approx(t["compile_ms"] / report["best_ms"])
+    verify.print_report(report)
