@@ -354,7 +354,7 @@ KERNEL_TYPES = {k.name: k for k in [
         cpu_shapes=_shape_sets((64, 1024),
                                [(1, 16), (4, 128), (16, 1024), (8, 4096), (2, 5000)],
                                [(4, 512)],
-                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257), (1, 128256)])),
+                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])),
     KernelType(
         "layernorm", ("x", "weight", "bias", "eps"), ("M", "N"), _make_layernorm,
         _adv_norm(_make_layernorm),
@@ -426,7 +426,7 @@ KERNEL_TYPES = {k.name: k for k in [
         cpu_shapes=_shape_sets((64, 1024),
                                [(1, 16), (4, 128), (16, 1000), (8, 4096)],
                                [(4, 512)],
-                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257), (1, 128256)])),
+                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])),
     KernelType(
         "rotary_embedding", ("x", "cos", "sin"), ("B", "H", "S", "D"), _make_rotary,
         _adv_rotary,
@@ -459,7 +459,7 @@ KERNEL_TYPES = {k.name: k for k in [
         cpu_shapes=_shape_sets((64, 1024),
                                [(1, 16), (4, 128), (16, 1000), (8, 4096)],
                                [(4, 512)],
-                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257), (1, 128256)])),
+                               [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])),
 ]}
 assert tuple(KERNEL_TYPES) == KERNEL_TYPE_NAMES
 
