@@ -2,11 +2,10 @@
 commands program.md gives profiles a two-op model, extracts its kernels and works on both with a
 switch between them: seven experiments on the first (slow, faster, slower, wrong, crashing,
 torch doing the math, a forged results.tsv; syntax errors and hangs are tests/test_bench.py's
-CLI cases), then a baseline and two more on
-the second (a cached output, wrong); then the morning: analysis and verify. Checked: every
-attempt has its row, one commit per keep, the orchestrator's moves (by reverts and speedup, and
-by time), each kernel's workspace file is its last kept version, verify re-gated exactly those
-versions, and analysis prints results.tsv's numbers.
+CLI cases), then a baseline and a cached output on the second; then the morning: analysis and
+verify. Checked: every attempt has its row, one commit per keep, the orchestrator's moves (by
+reverts and speedup, and by time), each kernel's workspace file is its last kept version, verify
+re-gated exactly those versions, and analysis prints results.tsv's numbers.
 
 The "agent" runs `uv run X.py ...` as `sys.executable X.py ...`: the same interpreter and venv
 (`uv run` inside the temp copy would build a second venv). The clock the orchestrator sees is
@@ -106,7 +105,6 @@ FIRST_VISIT = [
 SECOND_VISIT = [
     (None, "PASS", "keep", "first correct version"),  # the baseline, as program.md says
     ("cached", "FAIL", "revert", "cached"),
-    ("wrong", "FAIL", "revert", "smoke"),
 ]
 
 
