@@ -25,7 +25,8 @@ prevented, what is only detected and what remains possible.
 
 Output: `key: value` lines, the verdict last. Exit 0 for a judgement (keep, revert or judged),
 2 when it refuses to judge (usage, dirty harness, not a git repo, malformed or unwritable
-results.tsv, another bench.py running: no row is written then), 1 when the harness itself fails.
+results.tsv, another bench.py running, a CUDA C++ kernel on a machine without a GPU: no row is
+written then), 1 when the harness itself fails.
 """
 import argparse
 import contextlib
@@ -51,6 +52,7 @@ from autokernel.cli import UsageError, one_line, run_main
 
 DEFAULT_TIMEOUT_S = 180
 STARTUP_LIMIT_S = 60 if ak.CUDA else 180  # a child importing torch and the kernel file
+COMPILE_LIMIT_S = 240  # the same for a CUDA C++ kernel file, whose import runs nvcc (uncached)
 REQUEST_LIMIT_S = 30 if ak.CUDA else 90   # one call (compiling and autotuning included)
 CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
 
@@ -80,6 +82,7 @@ def main(argv=None):
 
 def judge(args):
     started = time.monotonic()
+    refuse_cuda_without_gpu(args)
     with state.exclusive():
         recovered = state.recover()
         if recovered:
@@ -144,6 +147,18 @@ def preflight(args):
             "results_tsv": results_tsv, "device": device, "sha256": state.digest(kernel.read_bytes())}
 
 
+def refuse_cuda_without_gpu(args):
+    """A CUDA C++ kernel file cannot run without a GPU: one line, before anything is locked,
+    snapshotted or recorded."""
+    kernel = Path(args.kernel).resolve() if args.kernel else ak.KERNEL_PY
+    if ak.CUDA or not kernel.is_file():
+        return
+    if contract.read_file_attrs(kernel)[0].get("BACKEND") == "cuda":
+        raise UsageError(f"{kernel.name} is a CUDA C++ kernel (BACKEND = \"cuda\"): running it "
+                         f"needs an NVIDIA GPU and this machine has none; nothing was judged or "
+                         f"recorded (judge it on a GPU machine)")
+
+
 def tampered(changed):
     return (f"the kernel's process changed {', '.join(changed[:5])}"
             f"{' ...' if len(changed) > 5 else ''} during the run (restored; never kept)")
@@ -159,8 +174,9 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
     kept_file = kept_version_file(args, facts, attrs, rows)
     kept = None
     try:
+        startup_s = COMPILE_LIMIT_S if attrs.get("BACKEND") == "cuda" else STARTUP_LIMIT_S
         candidate = ChildRunner(facts["kernel"], deadline, args.timeout)
-        hello = candidate.start()
+        hello = candidate.start(startup_s)
         changed = snapshot.restore()  # most tampering happens at import: no stage runs then
         if changed:
             return dict(outcome, reason=tampered(changed))
@@ -168,7 +184,12 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
             return dict(outcome, reason=hello["error"])
         try:
             plan = contract.plan({**attrs, **hello.get("attrs", {})})
-            if not hello.get("has_kernel_fn"):
+            if plan["kernel_type"] == "kernelbench":
+                if not hello.get("has_model_new"):
+                    raise contract.KernelFileError("kernel file defines no ModelNew class; it "
+                                                   "must take Model's init arguments and "
+                                                   "compute Model's forward")
+            elif not hello.get("has_kernel_fn"):
                 raise contract.KernelFileError("kernel file defines no kernel_fn(...); it must "
                                                "take the reference's tensors by name and return "
                                                "a new tensor")
@@ -186,7 +207,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
                              log=lambda line: print(line, flush=True))
         outcome.update(checked)
         if checked["correctness"] == "PASS":
-            if kept is not None and kept.start()["status"] != "loaded":
+            if kept is not None and kept.start(startup_s)["status"] != "loaded":
                 kept = None  # a kept version that no longer imports: nothing to pair with
             outcome.update(measure(candidate, kept, plan))
     except ChildGone as e:
@@ -259,11 +280,12 @@ class ChildRunner:
         child_conn.close()
         ChildRunner.started.append(self)
         self.hello = None
+        self.request_limit = REQUEST_LIMIT_S  # what one call may take before it is a hang
 
-    def start(self):
+    def start(self, limit_s=STARTUP_LIMIT_S):
         """The child's first message (loaded or import_failed), once."""
         if self.hello is None:
-            self.hello = self.receive(STARTUP_LIMIT_S)
+            self.hello = self.receive(limit_s)
         return self.hello
 
     def at(self, stage, where=""):
@@ -282,12 +304,16 @@ class ChildRunner:
     def ping(self):
         return self.request(("ping",))
 
+    def build(self, init_args, seed, dtype):
+        self.at("building ModelNew")
+        return self.request(("build", init_args, seed, dtype))
+
     def request(self, message):
         try:
             self.conn.send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             raise self.gone()
-        return self.receive(REQUEST_LIMIT_S)
+        return self.receive(self.request_limit)
 
     def receive(self, limit_s):
         left = self.deadline - time.monotonic()
@@ -356,22 +382,10 @@ def crash_line(log_path):
 def measure(candidate, kept, plan):
     """Paired rounds against the kept version, the output of a timed call judged, the reported
     latency taken on this process's clock (the child's own report cross-checked against it)."""
-    ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
-    shape, dtype = tuple(plan["shape"]), ak.DTYPES[plan["dtype"]]
-    inputs = ktype.inputs(shape, dtype, ak.DEVICE, gate.fresh_generator(), plan.get("variant"))
-    pristine = gate.clone(inputs)
-    ref = ktype.reference(**pristine)
-    make_buffer = lambda: torch.full(ref.shape, float("nan"),  # noqa: E731
-                                     dtype=ak.out_dtype(ktype, inputs), device=ak.DEVICE)
     print(f"timing: {timing.ROUNDS} paired rounds" + (" against the kept version" if kept
                                                        else ""), flush=True)
-    def check(out):  # every output the timing hands back, do_bench's and the judge's loop's
-        if bool(ktype.mismatches(out, ref, pristine)[0].any()) or any(
-                not torch.equal(gate.bits(t), gate.bits(pristine[k]))
-                for k, t in gate.tensors(inputs).items()):
-            raise timing.TimingError("timing: a timed call's output differs from the oracle "
-                                     "(or it changed its inputs): behaves differently when timed")
     try:
+        inputs, make_buffer, check = timing_case(candidate, kept, plan)
         rounds = timing.paired_rounds(candidate, kept, inputs, make_buffer, check)
         claimed = statistics.median(rounds["claimed"])
         judged = statistics.median(rounds["candidate"])
@@ -390,12 +404,40 @@ def measure(candidate, kept, plan):
             "timing_valid": ak.TIMING_MEANINGFUL}
 
 
+def timing_case(candidate, kept, plan):
+    """The timed inputs, a maker of output buffers, and check(out) for every output the timing
+    hands back (do_bench's and the judge's loop's): a TimingError when it differs from the
+    oracle or the inputs changed."""
+    if plan["kernel_type"] == "kernelbench":
+        from autokernel import kernelbench
+        return kernelbench.timing_case(plan, [r for r in (candidate, kept) if r is not None])
+    ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
+    shape, dtype = tuple(plan["shape"]), ak.DTYPES[plan["dtype"]]
+    inputs = ktype.inputs(shape, dtype, ak.DEVICE, gate.fresh_generator(), plan.get("variant"))
+    pristine = gate.clone(inputs)
+    ref = ktype.reference(**pristine)
+    make_buffer = lambda: torch.full(ref.shape, float("nan"),  # noqa: E731
+                                     dtype=ak.out_dtype(ktype, inputs), device=ak.DEVICE)
+
+    def check(out):
+        if bool(ktype.mismatches(out, ref, pristine)[0].any()) or any(
+                not torch.equal(gate.bits(t), gate.bits(pristine[k]))
+                for k, t in gate.tensors(inputs).items()):
+            raise timing.TimingError("timing: a timed call's output differs from the oracle "
+                                     "(or it changed its inputs): behaves differently when timed")
+    return inputs, make_buffer, check
+
+
 def add_baselines(outcome):
     """Roofline and speedups from prepare.py's measured ceilings and baseline times (read after
     the children are gone: a new shape's baseline is timed here and cached)."""
     if outcome.get("correctness") != "PASS" or outcome.get("latency_us") is None:
         return
     plan = outcome["plan"]
+    if plan["kernel_type"] == "kernelbench":  # the problem's Model, eager and compiled
+        from autokernel import kernelbench
+        outcome.update(kernelbench.speedups(plan, outcome["latency_us"]))
+        return
     ktype, shape, dtype = ak.KERNEL_TYPES[plan["kernel_type"]], tuple(plan["shape"]), \
         ak.DTYPES[plan["dtype"]]
     ceilings, baselines = {}, {}

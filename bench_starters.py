@@ -6,6 +6,7 @@ command.
     python3 bench_starters.py --types softmax,matmul --out starters.md
     python3 bench_starters.py --compile-mode max-autotune      # with CUDA graphs (slower compile)
     python3 bench_starters.py --no-compile
+    python3 bench_starters.py --backend cuda                   # the CUDA C++ starters (kernels/cuda/)
 
 For each type, at its GPU primary shape (fp16) plus the extra rows of DESIGN.md's "bar to beat"
 table (EXTRA_CASES below), one child process per type: checks the starter against the fp64 oracle
@@ -18,6 +19,10 @@ Prints a markdown table (time, GB/s or TFLOP/s, % of the ceilings prepare.py mea
 eager / compile / library, and the goal per row) and writes it to --out (.md) plus the same
 data as JSON (.json beside it). On a CPU it runs the tiny CPU shapes through Triton's interpreter
 without torch.compile: a test of the plumbing, not a benchmark.
+
+--backend cuda times the CUDA C++ starters (kernels/cuda/<type>.py) instead, with the Triton
+starter of each type as one more baseline column, and judges them by their own bar: at least
+eager's speed, and memory-bound ones at >= 90% of the measured copy bandwidth. They need a GPU.
 """
 import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 
@@ -53,6 +58,7 @@ MEMORY_GOAL_PCT = 90.0  # memory-bound: >= this % of measured copy bandwidth and
 COMPILE_MODE = "max-autotune-no-cudagraphs"  # max-autotune's CUDA graphs add minutes of compile
 BASELINES = ("eager", "library", "compile")
 DEFAULT_OUT = autokernel.WORKSPACE / "bench_starters.md"
+CUDA_EAGER_GOAL = 1.0  # --backend cuda: every starter at least as fast as eager PyTorch
 
 
 def log(message):
@@ -70,7 +76,7 @@ def new_row(ktype, shape, dtype, kernel_file):
             "shape_str": ktype.shape_str(shape), "dtype": dtype, "phase": "queued",
             "status": None, "reason": "", "max_abs_err": None, "starter_us": None,
             **{f"{what}_us": None for what in BASELINES}, "library": None, "compile_mode": None,
-            "compile_s": None, "copy_us": None}
+            "compile_s": None, "copy_us": None, "triton_us": None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,9 +130,10 @@ def cuda_alive():
         return False
 
 
-def measure_row(ktype, module, why_not, row, compile_mode, save):
+def measure_row(ktype, module, why_not, row, compile_mode, save, triton_module=None):
     """Fill one row in place, phase by phase, calling save() at each step so a crash or hang
-    leaves behind everything measured before it."""
+    leaves behind everything measured before it. triton_module: the type's Triton starter, timed
+    as one more baseline (--backend cuda)."""
     def phase(name):
         row["phase"] = name
         save()
@@ -163,6 +170,14 @@ def measure_row(ktype, module, why_not, row, compile_mode, save):
                 os._exit(70)  # the parent starts a fresh child for the rows still queued
         if CUDA:
             torch.cuda.empty_cache()  # the fp64 oracle's buffers, before timing the baselines
+    if triton_module is not None:
+        phase("triton")
+        try:
+            row["triton_us"] = baselines.time_us(lambda: triton_module.kernel_fn(**inputs))
+            log(f"{label} triton starter {row['triton_us']:,.1f} us")
+        except Exception as exc:  # noqa: BLE001  (a baseline that fails costs its cell)
+            row["triton_error"] = describe(exc)
+            log(f"{label} triton starter failed: {row['triton_error']}")
     for what in BASELINES:
         if what == "library" and ktype.name not in reference.LIBRARY:
             continue
@@ -196,7 +211,7 @@ def measure_row(ktype, module, why_not, row, compile_mode, save):
     phase("done")
 
 
-def worker(type_name, rows_path, kernels_dir, compile_mode):
+def worker(type_name, rows_path, kernels_dir, compile_mode, backend="triton"):
     ktype = KERNEL_TYPES[type_name]
     rows = json.loads(Path(rows_path).read_text())
 
@@ -206,9 +221,14 @@ def worker(type_name, rows_path, kernels_dir, compile_mode):
         os.replace(tmp, rows_path)
 
     module, why_not = load_starter(ktype, Path(kernels_dir) / f"{type_name}.py")
+    triton_module = None
+    if backend == "cuda":
+        triton_module, triton_why = load_starter(ktype, autokernel.KERNELS_DIR / f"{type_name}.py")
+        if triton_module is None:
+            log(f"[{type_name}] no Triton starter to compare with: {triton_why}")
     for row in rows:
         if row["phase"] == "queued":
-            measure_row(ktype, module, why_not, row, compile_mode, save)
+            measure_row(ktype, module, why_not, row, compile_mode, save, triton_module)
     return 0
 
 
@@ -243,13 +263,13 @@ def bury(row, status, why):
     """A row whose child died mid-way: keep what was measured, say where it died."""
     died_in = row["phase"]
     row["phase"] = "done"
-    if died_in in (*BASELINES, "copy") and row["status"] is not None:  # the starter was judged
+    if died_in in (*BASELINES, "copy", "triton") and row["status"] is not None:  # judged
         row[f"{died_in}_error"] = why
     else:
         row.update(status=status, reason=f"{why} (during {died_in})", starter_us=None)
 
 
-def bench_type(ktype, kernels_dir, compile_mode, timeout_s, workdir):
+def bench_type(ktype, kernels_dir, compile_mode, timeout_s, workdir, backend="triton"):
     kernel_file = Path(kernels_dir) / f"{ktype.name}.py"
     rows = [new_row(ktype, shape, dtype, kernel_file) for shape, dtype in bench_cases(ktype)]
     rows_path = Path(workdir) / f"{ktype.name}.json"
@@ -262,7 +282,7 @@ def bench_type(ktype, kernels_dir, compile_mode, timeout_s, workdir):
         rows_path.write_text(json.dumps(rows, indent=1))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", ktype.name,
                "--rows", str(rows_path), "--kernels-dir", str(kernels_dir),
-               "--compile-mode", compile_mode or "none"]
+               "--compile-mode", compile_mode or "none", "--backend", backend]
         status, why = run_child(cmd, timeout_s * before, Path(workdir) / f"{ktype.name}.stderr")
         try:
             rows = json.loads(rows_path.read_text())
@@ -288,10 +308,11 @@ def _ratio(baseline_us, starter_us):
     return baseline_us / starter_us if baseline_us and starter_us else None
 
 
-def judge(ktype, row, ceilings):
+def judge(ktype, row, ceilings, backend="triton"):
     """Derived numbers and the goal for one finished row (added to the row)."""
     shape, dtype = tuple(row["shape"]), row["dtype"]
-    row.update({f"x_{what}": _ratio(row[f"{what}_us"], row["starter_us"]) for what in BASELINES})
+    row.update({f"x_{what}": _ratio(row[f"{what}_us"], row["starter_us"])
+                for what in (*BASELINES, "triton")})
     same_copy = _ratio(row["copy_us"], row["starter_us"])  # copy time / starter time
     row.update(gb_s=None, tflops=None, pct_ceiling=None, goal_met=None,
                pct_same_copy=None if same_copy is None else 100 * same_copy)
@@ -309,6 +330,8 @@ def judge(ktype, row, ceilings):
     if not autokernel.TIMING_MEANINGFUL:
         row["goal"] = "n/a (CPU timings)"
         return row
+    if backend == "cuda":
+        return cuda_goal(ktype, row, ceilings)
     if ktype.name in GOALS:
         baseline, target = GOALS[ktype.name]
         ratio = row[f"x_{baseline}"]
@@ -330,13 +353,34 @@ def judge(ktype, row, ceilings):
     return row
 
 
+def cuda_goal(ktype, row, ceilings):
+    """The CUDA starters' bar: at least eager's speed; memory-bound ones also at >= 90% of the
+    measured copy bandwidth."""
+    bandwidth = ceilings.get("bandwidth_gb_s")
+    if row["x_eager"] is None or (ktype.bound == "memory" and not bandwidth):
+        row["goal"] = f"unknown (no {'eager time' if row['x_eager'] is None else 'copy bandwidth'})"
+        return row
+    parts = [f"{row['x_eager']:.2f}x eager (>= {CUDA_EAGER_GOAL:g})"]
+    met = row["x_eager"] >= CUDA_EAGER_GOAL
+    if ktype.bound == "memory":
+        pct_bw = 100 * row["gb_s"] / bandwidth
+        parts.append(f"{pct_bw:.0f}% of copy (>= {MEMORY_GOAL_PCT:.0f})")
+        met = met and pct_bw >= MEMORY_GOAL_PCT
+    row["goal_met"] = met
+    row["goal"] = f"{'met' if met else 'NOT met'}: {', '.join(parts)}"
+    return row
+
+
 def _cell(value, fmt="{:,.1f}", missing="-"):
     return missing if value is None else fmt.format(value)
 
 
 def markdown(rows, meta):
     ceilings = meta["ceilings"]
-    lines = [f"# Starter kernels vs PyTorch on {meta['gpu']}", ""]
+    cuda = meta.get("backend") == "cuda"  # one more column: the Triton starter of each type
+    title = ("CUDA C++ starter kernels vs the Triton starters and PyTorch" if cuda
+             else "Starter kernels vs PyTorch")
+    lines = [f"# {title} on {meta['gpu']}", ""]
     if not meta["timing_meaningful"]:
         lines += ["**CPU mode (Triton interpreter): timings are NOT meaningful; this run tests the "
                   "plumbing only.**", ""]
@@ -352,15 +396,19 @@ def markdown(rows, meta):
               f"{_cell(ceilings['spec']['fp16_tflops'])} TFLOP/s fp16, "
               f"{_cell(ceilings['spec']['bandwidth_gb_s'], '{:,.0f}')} GB/s.",
               "Ratios are baseline time / starter time (> 1: the starter is faster). The starter "
-              f"goals: memory-bound >= {MEMORY_GOAL_PCT:.0f}% of copy bandwidth and faster than "
-              "compile; " + "; ".join(f"{k} >= {t}x {b}" for k, (b, t) in GOALS.items()) + ".", "",
+              + (f"goal: at least eager's speed, memory-bound also >= {MEMORY_GOAL_PCT:.0f}% of "
+                 "copy bandwidth." if cuda else
+                 f"goals: memory-bound >= {MEMORY_GOAL_PCT:.0f}% of copy bandwidth and faster than "
+                 "compile; " + "; ".join(f"{k} >= {t}x {b}" for k, (b, t) in GOALS.items()) + "."),
+              "",
               "Same-bytes copy: `dst.copy_(src)` moving the row's bytes, timed in the same run; "
               "the starter's speed as a % of that copy's (small kernels pay a start-up and tail "
               "that the 1 GiB ceiling copy does not).", "",
-              "| kernel | shape | dtype | starter us | eager us | compile us | library us | "
-              "achieved | % ceiling | % same-bytes copy | vs eager | vs compile | vs library "
-              "| goal |",
-              "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+              "| kernel | shape | dtype | starter us | " + ("triton us | " if cuda else "")
+              + "eager us | compile us | library us | achieved | % ceiling | % same-bytes copy | "
+              + ("vs triton | " if cuda else "") + "vs eager | vs compile | vs library | goal |",
+              "|---|---|---|--:|" + ("--:|" if cuda else "") + "--:|--:|--:|--:|--:|--:|"
+              + ("--:|" if cuda else "") + "--:|--:|--:|---|"]
     notes = []
     for row in rows:
         starter = _cell(row["starter_us"], missing=row["status"] or "-")
@@ -371,15 +419,17 @@ def markdown(rows, meta):
         pct = _cell(row["pct_ceiling"], "{:.0f}%") + (" (beats it)" if row.get("above_ceiling")
                                                        else "")
         lines.append("| " + " | ".join([
-            row["kernel"], row["shape_str"], row["dtype"], starter, _cell(row["eager_us"]),
+            row["kernel"], row["shape_str"], row["dtype"], starter,
+            *([_cell(row.get("triton_us"))] if cuda else []), _cell(row["eager_us"]),
             _cell(row["compile_us"]), library, achieved, pct,
             _cell(row["pct_same_copy"], "{:.0f}%") + _cell(row["copy_us"], " ({:,.1f} us)", ""),
-            *(_cell(row[f"x_{what}"], "{:.2f}x") for what in ("eager", "compile", "library")),
+            *(_cell(row.get(f"x_{what}"), "{:.2f}x") for what in
+              ((("triton",) if cuda else ()) + ("eager", "compile", "library"))),
             row["goal"]]) + " |")
         label = f"{row['kernel']} {row['shape_str']} {row['dtype']}"
         if row["reason"]:
             notes.append(f"- {label}: {row['status']}: {row['reason']}")
-        notes += [f"- {label}: {what}: {row[f'{what}_error']}" for what in BASELINES
+        notes += [f"- {label}: {what}: {row[f'{what}_error']}" for what in (*BASELINES, "triton")
                   if row.get(f"{what}_error") and not row[f"{what}_error"].startswith("skipped")]
     if notes:
         lines += ["", "Notes:", *notes]
@@ -408,15 +458,24 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds allowed per row before its child is killed (default 300)")
-    parser.add_argument("--kernels-dir", default=str(autokernel.KERNELS_DIR),
-                        help="where <type>.py starters live (default kernels/)")
+    parser.add_argument("--backend", choices=("triton", "cuda"), default="triton",
+                        help="which starters: triton (kernels/) or cuda (kernels/cuda/, CUDA C++, "
+                             "with the Triton starter as a baseline; needs a GPU)")
+    parser.add_argument("--kernels-dir", default=None,
+                        help="where <type>.py starters live (default kernels/, or kernels/cuda/ "
+                             "with --backend cuda)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the child process
     parser.add_argument("--rows", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.kernels_dir = args.kernels_dir or str(
+        autokernel.KERNELS_DIR / "cuda" if args.backend == "cuda" else autokernel.KERNELS_DIR)
     compile_mode = None if args.no_compile or args.compile_mode == "none" or not CUDA \
         else args.compile_mode
     if args.worker:
-        return worker(args.worker, args.rows, args.kernels_dir, compile_mode)
+        return worker(args.worker, args.rows, args.kernels_dir, compile_mode, args.backend)
+    if args.backend == "cuda" and not CUDA:
+        parser.exit(2, "bench_starters.py: error: the CUDA C++ starters need an NVIDIA GPU and "
+                       "this machine has none; run it on a GPU machine\n")
     try:
         types = baselines.parse_types(args.types)
     except ValueError as exc:
@@ -435,7 +494,7 @@ def main(argv=None):
     meta = {"gpu": device["name"] if CUDA else f"CPU ({device['cpu_model']})",
             "torch": device["torch"], "triton": device["triton"], "compile_mode": compile_mode,
             "timing_meaningful": autokernel.TIMING_MEANINGFUL, "ceilings": ceilings,
-            "timestamp": baselines.now()}
+            "timestamp": baselines.now(), "backend": args.backend}
     log(f"bench_starters: {', '.join(types)} on {meta['gpu']}; torch.compile "
         f"mode={compile_mode or 'not run'}")
     rows = []
@@ -443,8 +502,9 @@ def main(argv=None):
         for name in types:
             ktype = KERNEL_TYPES[name]
             type_start = time.perf_counter()
-            rows += [judge(ktype, row, ceilings) for row in
-                     bench_type(ktype, args.kernels_dir, compile_mode, args.timeout, workdir)]
+            rows += [judge(ktype, row, ceilings, args.backend) for row in
+                     bench_type(ktype, args.kernels_dir, compile_mode, args.timeout, workdir,
+                                args.backend)]
             log(f"[{name}] done in {time.perf_counter() - type_start:.0f} s")
     meta["seconds"] = time.perf_counter() - start
     table = markdown(rows, meta)

@@ -5,6 +5,7 @@ optimize, and write the plan orchestrate.py follows.
     uv run profile.py                       # first: rank the model's ops
     uv run extract.py --top 5               # the 5 kernel types with the most time
     uv run extract.py --top 3 --types softmax,matmul
+    uv run extract.py --top 5 --backend cuda  # the CUDA C++ starters (kernels/cuda/<type>.py)
 
 For each kernel type among the profile's entries (entries of the same type are merged: all of the
 model's linear layers are one matmul kernel, with all their shapes), extract.py copies the starter
@@ -22,7 +23,8 @@ CPU mode (no CUDA GPU): Triton's interpreter would take minutes to judge a model
 so BENCH_SHAPES holds them scaled down (`cpu_shape`): no dimension beyond what the type's own CPU
 primary and sweep shapes use, and each shrunk dimension keeps its remainder modulo 16, so odd
 sizes stay odd, multiples of 16 stay multiples of 16 and a vocabulary of 50257 stays 1 mod 16.
-A comment above BENCH_SHAPES says so and lists the real shapes; plan.json keeps both.
+A comment above BENCH_SHAPES says so and lists the real shapes; plan.json keeps both. CUDA C++
+starters (--backend cuda) only run on a GPU, so they always get the real shapes.
 
 Entries whose shapes could not be derived are skipped with the reason (never a default shape).
 An existing workspace file with different content is kept unless --force: the agent may have
@@ -34,7 +36,8 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
   profile      str   the profile.json it was built from
   device, dtype, input_shapes   as in profile.json
   total_op_us  float the model's summed op time per forward (the Amdahl denominator)
-  cpu_scaled   bool  true when extracted in CPU mode: bench_shapes are scaled-down shapes
+  cpu_scaled   bool  true when extracted in CPU mode for Triton: bench_shapes are scaled down
+  backend      str   "triton" or "cuda": which starters the kernel files came from
   kernels      list  priority order (highest share first):
     rank           int    1, 2, ...
     name           str    KERNEL_NAME, e.g. "matmul_1"
@@ -87,6 +90,10 @@ def merge_by_type(entries, types=None):
             continue
         if not e.get("shape_detail"):
             skipped.append((e["name"], ktype, e.get("note") or "no shapes recorded"))
+            continue
+        if e.get("pluggable") is False:
+            skipped.append((e["name"], ktype, "written out as torch ops in the model: verify.py "
+                            "has no swap that plugs a kernel in there yet"))
             continue
         m = merged.setdefault(ktype, {"kernel_type": ktype, "time_us": 0.0, "share": 0.0,
                                       "ops": [], "shapes": {}, "variants": {}, "bounds": []})
@@ -167,7 +174,8 @@ def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None, va
             + (f"BENCH_VARIANT = {variant!r}\n" if variant else ""))
 
 
-def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=False):
+def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=False,
+                 backend="triton"):
     """Write workspace/<type>_<rank>.py (cpu: with CPU-scaled BENCH_SHAPES); returns the plan
     row. Raises UsageError (one line)."""
     ktype = candidate["kernel_type"]
@@ -175,8 +183,12 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     if not starter.is_file():
         raise UsageError(f"{starter} is missing: no starter kernel for {ktype}, skipped")
     text = starter.read_text()
-    if read_attrs(text, starter)[0].get("KERNEL_TYPE") != ktype:
+    attrs = read_attrs(text, starter)[0]
+    if attrs.get("KERNEL_TYPE") != ktype:
         raise UsageError(f"{starter} does not set KERNEL_TYPE = {ktype!r}, skipped")
+    if attrs.get("BACKEND", "triton") != backend:
+        raise UsageError(f"{starter} is a {attrs.get('BACKEND', 'triton')} kernel, not "
+                         f"{backend}: pass the matching --backend or --kernels-dir, skipped")
     name = f"{ktype}_{rank}"
     path = Path(workspace) / f"{name}.py"
     shapes = bench_shapes(KERNEL_TYPES[ktype], candidate["shapes"], cpu)
@@ -194,7 +206,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
             "share": share,
             "time_us": candidate["time_us"],
             "amdahl_ceiling": 1.0 / (1.0 - share) if share < 1.0 else None,
-            "bound": candidate["bound"], "ops": candidate["ops"]}
+            "bound": candidate["bound"], "ops": candidate["ops"], "backend": backend}
 
 
 def brief(shapes, most=3):
@@ -212,8 +224,12 @@ def main(argv=None):
                         help="profile.py's output (default: workspace/profile.json)")
     parser.add_argument("--workspace", default=str(autokernel.WORKSPACE),
                         help="where kernel files and plan.json go (default: workspace/)")
-    parser.add_argument("--kernels-dir", default=str(autokernel.KERNELS_DIR),
-                        help="starter kernels, one <type>.py each (default: kernels/)")
+    parser.add_argument("--backend", choices=("triton", "cuda"), default="triton",
+                        help="the starters' language: triton (kernels/) or cuda (kernels/cuda/, "
+                             "CUDA C++; judging them needs a GPU)")
+    parser.add_argument("--kernels-dir", default=None,
+                        help="starter kernels, one <type>.py each (default: kernels/, or "
+                             "kernels/cuda/ with --backend cuda)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite workspace kernel files that differ")
     args = parser.parse_args(argv)
@@ -221,6 +237,9 @@ def main(argv=None):
         raise UsageError("--top must be >= 1")
     types = parse_types(args.types)
     profile = read_profile(args.profile)
+    kernels_dir = args.kernels_dir or str(autokernel.KERNELS_DIR / "cuda"
+                                          if args.backend == "cuda" else autokernel.KERNELS_DIR)
+    cpu = not autokernel.CUDA and args.backend == "triton"  # scaled shapes for the interpreter
 
     candidates, skipped = merge_by_type(profile["entries"], types)
     for name, ktype, reason in skipped:
@@ -232,8 +251,8 @@ def main(argv=None):
     plan, failed = [], 0
     for candidate in candidates[:args.top]:
         try:
-            row = write_kernel(candidate, len(plan) + 1, profile, args.kernels_dir,
-                               args.workspace, args.force, cpu=not autokernel.CUDA)
+            row = write_kernel(candidate, len(plan) + 1, profile, kernels_dir,
+                               args.workspace, args.force, cpu=cpu, backend=args.backend)
         except UsageError as e:
             failed += 1
             fail("extract.py", e)
@@ -242,16 +261,18 @@ def main(argv=None):
         print(f"{row['rank']}. {row['file']:<34} {100 * row['share']:5.1f}% of op time, "
               f"Amdahl ceiling {row['amdahl_ceiling'] or float('inf'):.2f}x, {row['bound']}, "
               f"shapes {brief(row['shapes'])}"
-              + ("" if autokernel.CUDA else f" (CPU: {brief(row['bench_shapes'])})"))
+              + (f" (CPU: {brief(row['bench_shapes'])})" if cpu else ""))
 
     plan_path = Path(args.workspace) / autokernel.PLAN_JSON.name
     write_json(plan_path, {
         "model": profile["model"], "created": datetime.now(timezone.utc).isoformat(),
         "profile": str(args.profile), "device": profile.get("device"),
         "dtype": profile["dtype"], "input_shapes": profile.get("input_shapes"),
-        "total_op_us": profile.get("total_op_us"), "cpu_scaled": not autokernel.CUDA,
-        "kernels": plan})
+        "total_op_us": profile.get("total_op_us"), "cpu_scaled": cpu,
+        "backend": args.backend, "kernels": plan})
     print(f"wrote {plan_path} ({len(plan)} kernels)")
+    if args.backend == "cuda" and not autokernel.CUDA:
+        print("note: CUDA C++ kernels need an NVIDIA GPU to be judged (bench.py refuses here)")
     return 1 if failed else 0
 
 

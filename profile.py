@@ -8,12 +8,15 @@ types or a named group (elementwise, copy/cast, embedding, ...), and rank them.
     uv run profile.py --model my_model.py --class-name MyNet      # your own file
     uv run profile.py --model kernelbench_level1_23.py            # KernelBench format
     uv run profile.py --module transformers --hf-config tiny-llama   # or a local config.json/dir
+    uv run profile.py --pretrained ~/models/Llama-3.2-1B --dtype bf16  # real weights, offline
+    uv run profile.py --export-trace trace.json.gz   # also a trace for ui.perfetto.dev
 
 How the time is attributed: every GPU kernel (on a CPU: every op's self time) belongs to the
-innermost `autokernel::` scope it ran in -- profile.py wraps modules that ARE a kernel type
-(RMSNorm, SwiGLU, RotaryEmbedding) in such scopes while profiling -- or else to the outermost
-aten op that launched it (aten::linear, not the aten::addmm inside it). Which kernel type a
-scope or an op is: autokernel/recognize.py; the model flags: models/load.py. Wall time is
+innermost `autokernel::` scope it ran in -- the profiled forwards run the model's captured
+graphs with every computation that IS a kernel type (an RMSNorm, a gated MLP, rotary, attention
+written out, ... whoever wrote it) in such a scope (autokernel/patterns.py) -- or else to the
+outermost aten op that launched it (aten::linear, not the aten::addmm inside it). Which kernel
+type an op is: autokernel/recognize.py; the model flags: models/load.py. Wall time is
 measured in a separate run without the profiler, so "GPU busy" = GPU kernel time / wall time is
 not skewed by profiling overhead.
 
@@ -23,8 +26,8 @@ CPU op times (labelled so) and there is no roofline.
 profile.json schema (times are per iteration, in microseconds):
   model            str    what was profiled ("models/llama.py LLaMA config=compact (162.4M params)")
   model_args       dict   the loader flags as given (model, class_name, config, module,
-                          hf_config, input_shape, dtype, device; null = default), so verify.py
-                          can rebuild the same model
+                          hf_config, pretrained, input_shape, dtype, device; null = default), so
+                          verify.py can rebuild the same model
   input_shapes     list   shapes of the forward's tensor arguments, e.g. [[8, 1024]]
   dtype            str    fp16 | bf16 | fp32
   device           str    "cuda" or "cpu";  device_name: the GPU's name or "cpu"
@@ -33,6 +36,11 @@ profile.json schema (times are per iteration, in microseconds):
   wall_us          float  wall time of one forward (no profiler)
   total_op_us      float  summed kernel (op) time of one forward
   gpu_busy_pct     float  100 * total_op_us / wall_us (null on a CPU)
+  peak_memory_mib  float  most GPU memory torch held allocated during the timed forwards
+                          (torch.cuda.max_memory_allocated; null on a CPU)
+  resident_memory_mib  float  allocated before them: weights, inputs, caches (null on a CPU)
+  trace            str    the --export-trace file (Chrome trace JSON of the profiled forwards),
+                          or null
   launch_bound     bool   gpu_busy_pct < 60 (null on a CPU)
   named_pct        float  share of op time in named groups (the nine types or a named group)
   ceilings         {"tflops", "bandwidth_gb_s", "source"} for the roofline (null on a CPU)
@@ -51,6 +59,9 @@ profile.json schema (times are per iteration, in microseconds):
     pct_of_roofline  100 * roofline floor / measured time (typed ops on a GPU), else null
     amdahl_ceiling 1 / (1 - share): the end-to-end speedup if this op took no time at all
     note           why shapes are missing, or "" (never a silent default)
+    pluggable      typed entries: whether verify.py's swap reaches this type in this model (a
+                   computation recognized where the model writes it out as torch ops may not
+                   be: extract.py skips it then); null if that check failed
 """
 import argparse
 import os
@@ -67,7 +78,9 @@ from torch.profiler import ProfilerActivity
 
 from autokernel.baselines import roofline_ceilings
 from autokernel.cli import UsageError, describe, run_main
-from autokernel.recognize import GROUP_BOUND, OTHER, SCOPE_PREFIX, classify_event, module_scopes
+from autokernel.patterns import recognized_forward
+from autokernel.recognize import GROUP_BOUND, OTHER, SCOPE_PREFIX, classify_event
+from autokernel.swap import pluggable_types
 from autokernel.workspace import write_json
 from models.load import ModelError, add_model_args, device_and_dtype, load_model, model_args
 
@@ -90,10 +103,18 @@ def _profile(argv):
     parser.add_argument("--top", type=int, default=20, help="rows of the printed table")
     parser.add_argument("--output", default=str(autokernel.PROFILE_JSON),
                         help="where to write the JSON (default: workspace/profile.json)")
+    parser.add_argument("--export-trace", metavar="FILE",
+                        help="also write the profiled forwards as a Chrome trace (JSON; a .gz "
+                        "name compresses it) to open in ui.perfetto.dev or chrome://tracing")
     args = parser.parse_args(argv)
     if (args.warmup is not None and args.warmup < 0) or (args.iters is not None
                                                          and args.iters < 1):
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    if args.export_trace:
+        try:  # before the model loads: a bad path fails in a second, not after the profile
+            os.makedirs(os.path.dirname(os.path.abspath(args.export_trace)), exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--export-trace {args.export_trace}: {describe(e)}") from None
     model, inputs, description = load_model(args)
     default_device, dtype = device_and_dtype(args)
     device = next((t.device for t in inputs if torch.is_tensor(t)), default_device)
@@ -101,14 +122,17 @@ def _profile(argv):
     warmup = args.warmup if args.warmup is not None else (3 if on_gpu else 1)
     iters = args.iters if args.iters is not None else (10 if on_gpu else 2)
     print(f"profiling {description} ...", flush=True)
-    result = {"model": description, "model_args": model_args(args)}
+    result = {"model": description, "model_args": model_args(args), "trace": args.export_trace}
     try:
-        result.update(profile_model(model, inputs, device, dtype, warmup, iters))
+        result.update(profile_model(model, inputs, device, dtype, warmup, iters,
+                                    trace=args.export_trace))
     except torch.cuda.OutOfMemoryError:
         raise ModelError("CUDA out of memory: use a smaller --input-shape or --config") from None
     write_json(args.output, result)
     print_report(result, args.top)
     print(f"\nwrote {args.output}")
+    if args.export_trace:
+        print(f"wrote {args.export_trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0
 
 
@@ -257,9 +281,10 @@ def build_entries(anchors, iters, total_us, dtype, ceilings):
     return entries
 
 
-def profile_model(model, inputs, device, dtype, warmup, iters):
-    """Time the forward without the profiler, then profile it. Returns the result dict
-    (profile.json's fields other than model/model_args)."""
+def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
+    """Time the forward without the profiler (and, on a GPU, take its peak memory), then profile
+    it; trace: a path to write the profiled forwards to as a Chrome trace. Returns the result
+    dict (profile.json's fields other than model/model_args/trace)."""
     on_gpu = device.type == "cuda"
     began = time.perf_counter()
 
@@ -271,29 +296,43 @@ def profile_model(model, inputs, device, dtype, warmup, iters):
             run_forward(model, inputs)
         _sync(device)
         step(f"1/3 {warmup} warm-up forwards done")
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(device)
+            resident = torch.cuda.memory_allocated(device)
         start = time.perf_counter()
         for _ in range(iters):
             run_forward(model, inputs)
         _sync(device)
         wall_us = (time.perf_counter() - start) * 1e6 / iters
+        peak = torch.cuda.max_memory_allocated(device) if on_gpu else None
         step(f"2/3 {iters} timed forwards done; profiling {iters} more")
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         prof = torch.profiler.profile(activities=activities, record_shapes=True)
-        with module_scopes(model):
+        with recognized_forward(model, inputs) as forward:
             with _quiet_kineto(not on_gpu):
                 prof.start()
             try:
                 for _ in range(iters):
-                    run_forward(model, inputs)
+                    run_forward(forward, inputs)
                 _sync(device)
             finally:
                 with _quiet_kineto(not on_gpu):
                     prof.stop()
     step("3/3 profiled; attributing op time")
+    if trace:
+        prof.export_chrome_trace(str(trace))
     anchors, unattributed, total = attribute(prof.events(), on_gpu)
     ceilings = roofline_ceilings(dtype) if on_gpu else None
     entries = build_entries(anchors, iters, total, dtype, ceilings)
+    try:
+        plugged = pluggable_types(model, lambda m: run_forward(m, inputs))
+    except Exception as e:  # noqa: BLE001  (unknown then: nothing is marked)
+        print(f"  could not check which kernel types verify.py can plug in: {describe(e)}")
+        plugged = None
+    for e in entries:
+        if e["kernel_type"]:
+            e["pluggable"] = None if plugged is None else e["kernel_type"] in plugged
     lost = sum(unattributed.values())
     if lost > 0:
         names = ", ".join(f"{n[:40]} {_us(t / iters)}" for n, t in unattributed.most_common(3))
@@ -318,6 +357,8 @@ def profile_model(model, inputs, device, dtype, warmup, iters):
         "warmup": warmup, "iters": iters,
         "wall_us": wall_us, "total_op_us": total_op_us,
         "gpu_busy_pct": busy, "launch_bound": (busy < LAUNCH_BOUND_PCT) if on_gpu else None,
+        "peak_memory_mib": peak / 2 ** 20 if on_gpu else None,
+        "resident_memory_mib": resident / 2 ** 20 if on_gpu else None,
         "named_pct": 100.0 * (1 - groups.get(OTHER, 0.0) / total_op_us) if total_op_us else 0.0,
         "ceilings": ceilings,
         "groups": [{"group": g, "time_us": t, "share": t / total_op_us if total_op_us else 0.0}
@@ -348,6 +389,11 @@ def print_report(result, top):
               "nothing a GPU would do)")
     else:
         print(f"gpu busy:     {r['gpu_busy_pct']:.1f}% of wall time")
+    if r.get("peak_memory_mib") is None:
+        print("peak memory:  n/a (CPU run: torch counts allocations only on a GPU)")
+    else:
+        print(f"peak memory:  {r['peak_memory_mib']:,.0f} MiB allocated "
+              f"({r['resident_memory_mib']:,.0f} MiB before the forward: weights, inputs)")
     print(f"named groups: {r['named_pct']:.1f}% of {unit} time "
           f"(other: {100 - r['named_pct']:.1f}%)")
     if r["ceilings"]:

@@ -7,14 +7,16 @@ the same thing and how much faster it got end to end.
     uv run verify.py --model models/gpt2.py --input-shape 8x1024 --dtype bf16 --starters
     uv run verify.py --model models/custom.py --kernels kernels/softmax.py,kernels/reduce.py
     uv run verify.py --module transformers --hf-config tiny-llama --starters
+    uv run verify.py --pretrained ~/models/Llama-3.2-1B --dtype bf16   # real weights, offline
     uv run verify.py ... --diagnose       # each kernel alone: which one breaks the model?
     uv run verify.py ... --cuda-graphs    # time as CUDA graph replays (no launch overhead)
 
 The model flags are profile.py's (models/load.py); with none given, the flags recorded in
 workspace/profile.json are reused. Kernels come from
 workspace/plan.json (extract.py's list; each file holds that kernel's best kept version), from
---kernels FILE[,FILE], or from --starters (every kernels/*.py; a starter that finds nothing
-to replace in this model is listed as "unused", not as a replacement and not as a failure).
+--kernels FILE[,FILE], or from --starters (every kernels/*.py, or kernels/cuda/*.py with --backend
+cuda; a starter that finds nothing to replace in this model is listed as "unused", not as a
+replacement and not as a failure). CUDA C++ kernel files need a GPU.
 Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
 bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
 a kept row of results.tsv (the report names which: experiment, commit, latency; it warns when a
@@ -62,7 +64,10 @@ Writes workspace/verify.json (--out to change):
                           | "stopped" (another kernel crashed first),
                 "error": str | null,
                 "alone": {"calls", and the "correctness" keys below} | null,  (--diagnose)
-                "alone_ms": float | null, "gain_ms": float | null, "share": float | null}],
+                "alone_ms": float | null, "gain_ms": float | null, "share": float | null,
+                "compile_alone_ms", "compile_gain_ms": float | null (the same inside
+                                     torch.compile, against compile_ms; --compile-alone),
+                "compile_alone_note": str | null (why that gain is null)}],
    "correctness": {"output": "logits" | "tensor" | "logits (the loss's input)", "shape": [..],
                    "max_abs_err", "rel_err", "tolerance", "top1", "top1_tie_aware", "top1_min",
                    "loss_rel_err" (models returning a loss), "passed", "error"},
@@ -75,10 +80,13 @@ Writes workspace/verify.json (--out to change):
                              torch._dynamo.explain: 0 expected),
               "compile_kernels_calls": {kernel: calls in one compiled forward},
               "compile_kernels_correctness": {the "correctness" keys} | null,
-              "compile_kernels_note": str | null (the backend, or why it failed)} | null,
+              "compile_kernels_note": str | null (the backend, or why it failed),
+              "compile_gainers": [kernels whose compile_alone_ms beat torch.compile] | null,
+              "compile_gainers_ms", "compile_gainers_correctness": torch.compile with only
+                                   them, when some kernels lose inside it} | null,
    "speedup_vs_eager": float | null, "speedup_vs_compile": float | null (both: the eager
-   kernels), "best_variant": "kernels" | "compile_kernels" | null (the faster of the two whose
-   outputs match), "best_ms": float | null, "best_speedup_vs_compile": float | null}
+   kernels), "best_variant": "kernels" | "compile_kernels" | "compile_gainers" | null (the
+   fastest whose outputs match), "best_ms": float | null, "best_speedup_vs_compile": float | null}
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
@@ -113,6 +121,9 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False):
     """A kernel file, imported and checked against the contract; its dispatch shapes are the
     plan's, else its BENCH_SHAPES, else none (it takes every shape of its type)."""
     path = kernel_path(path)
+    if not autokernel.CUDA and read_file_attrs(path)[0].get("BACKEND") == "cuda":
+        raise UsageError(f"{rel(path)} is a CUDA C++ kernel (BACKEND = \"cuda\"): it needs an "
+                         f"NVIDIA GPU and this machine has none")
     try:
         module = load_module(path)
     except Exception as e:  # a kept kernel that no longer imports is a usage problem to fix first
@@ -136,7 +147,8 @@ def select_kernels(args):
         specs = [(p.strip(), None, None, None, False) for p in args.kernels.split(",")
                  if p.strip()]
     elif args.starters:
-        files = sorted(p for p in glob.glob(str(autokernel.KERNELS_DIR / "*.py"))
+        folder = autokernel.KERNELS_DIR / ("cuda" if args.backend == "cuda" else "")
+        files = sorted(p for p in glob.glob(str(folder / "*.py"))
                        if not Path(p).name.startswith("_"))
         specs = [(p, None, None, None, True) for p in files]
     else:
@@ -201,7 +213,8 @@ def kernel_entry(kernel, swap, error=None):
             "fallbacks": dict(swap.fallbacks[t]), "skipped": dict(swap.skipped[t]),
             "notes": sorted(swap.notes[t]), "status": status,
             "error": error if status == "crashed" else None,
-            "alone": None, "alone_ms": None, "gain_ms": None, "share": None}
+            "alone": None, "alone_ms": None, "gain_ms": None, "share": None,
+            "compile_alone_ms": None, "compile_gain_ms": None, "compile_alone_note": None}
 
 
 def why_not(entry):
@@ -212,8 +225,10 @@ def why_not(entry):
 
 
 def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, repeat=None,
-           compile_backend=None, weight_layout="copy", cuda_graphs=False, description="model"):
-    """Everything but the printing: returns the verify.json dict."""
+           compile_backend=None, weight_layout="copy", cuda_graphs=False, description="model",
+           compile_alone=None):
+    """Everything but the printing: returns the verify.json dict. compile_alone (default: on a
+    GPU) times each kernel alone inside torch.compile too (a compile each)."""
     model.eval()
     dtype = model_dtype(model)
     weights = WeightCache()
@@ -248,7 +263,8 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         "best_ms": None, "best_speedup_vs_compile": None}
     if timing and not diagnose and not failures:
         report["timing"] = measure(model, inputs, used, weights, weight_layout, warmup, repeat,
-                                   compile_backend, cuda_graphs, run_ref)
+                                   compile_backend, cuda_graphs, run_ref,
+                                   autokernel.CUDA if compile_alone is None else compile_alone)
         t = report["timing"]
         report["speedup_vs_eager"] = t["eager_ms"] / t["kernels_ms"]
         if t["compile_ms"] is not None:
@@ -310,11 +326,11 @@ def capture_breakers(model, inputs, kernels, weights, weight_layout):
 
 
 def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile_backend,
-            graphs=False, run_ref=None):
+            graphs=False, run_ref=None, compile_alone=False):
     """Eager, torch.compile, torch.compile with the kernels inside, all kernels, and each kernel
-    alone (for its share of the gain). graphs: every one of them timed as CUDA graph replays
-    (no launch overhead). run_ref: the original's checked_forward, which the compiled model
-    with kernels is compared against."""
+    alone (for its share of the gain; compile_alone: inside torch.compile too). graphs: every
+    one of them timed as CUDA graph replays (no launch overhead). run_ref: the original's
+    checked_forward, which the compiled models with kernels are compared against."""
     kernels = [k for k, _ in used]
     warmup = (5 if autokernel.CUDA else 1) if warmup is None else warmup
     repeat = (20 if autokernel.CUDA else 3) if repeat is None else repeat
@@ -323,7 +339,9 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
               "perf_counter, median (CPU interpreter: not meaningful)", "cuda_graphs": graphs,
               "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None,
               "compile_kernels_ms": None, "graph_breaks": None, "compile_kernels_calls": None,
-              "compile_kernels_correctness": None, "compile_kernels_note": None}
+              "compile_kernels_correctness": None, "compile_kernels_note": None,
+              "compile_gainers": None, "compile_gainers_ms": None,
+              "compile_gainers_correctness": None}
 
     steps = {"done": 0, "total": 3 + (len(kernels) if len(kernels) > 1 else 0),
              "start": time.monotonic()}
@@ -369,10 +387,16 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
         compiled = None
         torch._dynamo.reset()
         steps["total"] += 1
-        timing.update(compile_with_kernels(model, inputs, kernels, weights, weight_layout,
-                                           backend, run_ref, lambda m: progress(
-                                               "torch.compile of the model with kernels",
-                                               time_forward(m, inputs, warmup, repeat, graphs))))
+
+        def compiled_run(subset, what, breaks=False):
+            return compile_with_kernels(model, inputs, subset, weights, weight_layout, backend,
+                                        run_ref, lambda m: progress(what, time_forward(
+                                            m, inputs, warmup, repeat, graphs)), breaks)
+        run = compiled_run(kernels, "torch.compile of the model with kernels", breaks=True)
+        timing.update({f"compile_kernels_{k}" if k != "graph_breaks" else k: v
+                       for k, v in run.items()})
+        if compile_alone and run["ms"] is not None and timing["compile_ms"] is not None:
+            attribute_compiled(used, timing, compiled_run, steps)
     timing["kernels_ms"] = timed(Swap(kernels, weights, weight_layout))
     total_gain = timing["eager_ms"] - timing["kernels_ms"]
     for k, e in used:
@@ -394,20 +418,23 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
 
 
 def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend, run_ref,
-                         time_it):
-    """torch.compile of the model inside a compiled swap (each kernel a custom op: one node in
-    the graph). One eager forward first: the swap's host-side checks (cross_entropy's
+                         time_it, breaks=True):
+    """torch.compile of the model inside a compiled swap of `kernels` (each kernel a custom op:
+    one node in the graph). One eager forward first: the swap's host-side checks (cross_entropy's
     ignore_index) keep the verdict it reads, since a traced forward cannot read one, and the
     matmul weight copies exist before tracing (else the graph would rebuild them). Then the
-    compiled forward's graph breaks, its calls per kernel (counted as the ops run), its outputs
-    against the original's, and time_it(compiled model) in ms. A failure is noted, not fatal:
-    the eager kernels are the verdict."""
-    out = {"compile_kernels_note": f"torch.compile(backend={backend!r}) with kernels as ops"}
+    compiled forward's graph breaks (when `breaks`), its calls per kernel (counted as the ops
+    run), its outputs against the original's, and time_it(compiled model) in ms:
+    {"ms", "graph_breaks", "calls", "correctness", "note"}. A failure is noted, not fatal: the
+    eager kernels are the verdict."""
+    out = {"ms": None, "graph_breaks": None, "calls": None, "correctness": None,
+           "note": f"torch.compile(backend={backend!r}) with kernels as ops"}
     swap = Swap(kernels, weights, weight_layout, compiled=True)
     try:
         with swap.installed(model):
             forward(model, inputs)
-            out["graph_breaks"] = graph_breaks(model, inputs)
+            if breaks:
+                out["graph_breaks"] = graph_breaks(model, inputs)
             compiled = torch.compile(model, backend=backend)
             # Compile outside the timed runs: the plain forward that is timed, and the one under
             # checked_forward's loss-input recorder (a mode: dynamo traces that one apart).
@@ -415,16 +442,45 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
             checked_forward(compiled, inputs)
             swap.reset()
             run = checked_forward(compiled, inputs)
-            out["compile_kernels_calls"] = dict(swap.calls)
-            out["compile_kernels_correctness"] = compare_runs(run, run_ref) \
-                if run_ref is not None else None
+            out["calls"] = dict(swap.calls)
+            out["correctness"] = compare_runs(run, run_ref) if run_ref is not None else None
             del run
-            out["compile_kernels_ms"] = time_it(compiled)
+            out["ms"] = time_it(compiled)
     except Exception as e:  # report it, keep the other timings
-        out["compile_kernels_note"] += f" failed: {describe(e)}"
+        out["note"] += f" failed: {describe(e)}"
     compiled = None
     torch._dynamo.reset()
     return out
+
+
+def attribute_compiled(used, timing, compiled_run, steps):
+    """Each kernel alone inside torch.compile: compile_alone_ms and compile_gain_ms (against
+    torch.compile of the original) per kernel, so the report says which kernels help inside
+    compile and which hurt; the kernels that help are then compiled together (compile_gainers),
+    the variant that ships only them. A kernel alone whose compiled outputs mismatch counts as
+    no gain."""
+    if len(used) > 1:
+        steps["total"] += len(used)
+        for k, e in used:
+            run = compiled_run([k], f"torch.compile of the model with {k.name}")
+            c = run["correctness"]
+            e["compile_alone_ms"] = run["ms"]
+            if run["ms"] is not None and (c is None or c["passed"]):
+                e["compile_gain_ms"] = timing["compile_ms"] - run["ms"]
+            else:
+                e["compile_alone_note"] = run["note"] if run["ms"] is None else \
+                    f"outputs mismatch: {describe_mismatch(c)}"
+    else:
+        e = used[0][1]
+        e["compile_alone_ms"] = timing["compile_kernels_ms"]
+        e["compile_gain_ms"] = timing["compile_ms"] - timing["compile_kernels_ms"]
+    gainers = [k for k, e in used if (e["compile_gain_ms"] or 0) > 0]
+    timing["compile_gainers"] = [k.name for k in gainers]
+    if gainers and len(gainers) < len(used):
+        steps["total"] += 1
+        run = compiled_run(gainers, "torch.compile of the model with the gainers")
+        timing["compile_gainers_ms"] = run["ms"]
+        timing["compile_gainers_correctness"] = run["correctness"]
 
 
 def graph_breaks(model, inputs):
@@ -442,14 +498,17 @@ def graph_breaks(model, inputs):
 
 
 def best_variant(report):
-    """The faster of the eager kernels and torch.compile with kernels (when its outputs match):
+    """The fastest of the eager kernels, torch.compile with the kernels and torch.compile with
+    only the kernels that gain inside it (the compiled ones when their outputs match):
     report keys best_variant, best_ms and best_speedup_vs_compile (null without a torch.compile
     timing)."""
     t = report["timing"]
-    c = t.get("compile_kernels_correctness")
-    # A compiled run whose outputs mismatch is no candidate.
-    times = {"kernels": t["kernels_ms"], "compile_kernels": t.get("compile_kernels_ms")
-             if c is None or c["passed"] else None}
+
+    def checked(variant):  # a compiled run whose outputs mismatch is no candidate
+        c = t.get(f"{variant}_correctness")
+        return t.get(f"{variant}_ms") if c is None or c["passed"] else None
+    times = {"kernels": t["kernels_ms"], "compile_kernels": checked("compile_kernels"),
+             "compile_gainers": checked("compile_gainers")}
     name = min((n for n, ms in times.items() if ms is not None), key=times.get)
     report.update(best_variant=name, best_ms=times[name], best_speedup_vs_compile=None
                   if t["compile_ms"] is None else t["compile_ms"] / times[name])
@@ -529,6 +588,17 @@ def print_report(r):
         for e in (e for e in r["kernels"] if e["alone_ms"] is not None):
             print(f"share of gain: {e['name']:<22} alone {e['alone_ms']:.3f} ms, gain "
                   f"{e['gain_ms']:+.3f} ms, share {_g(e['share'], '.0%')}")
+        for e in (e for e in r["kernels"] if e.get("compile_alone_ms") is not None):
+            print(f"inside torch.compile: {e['name']:<22} alone {e['compile_alone_ms']:.3f} ms, "
+                  f"gain {_g(e['compile_gain_ms'], '+.3f')} ms vs torch.compile"
+                  + (f" ({e['compile_alone_note']})" if e.get("compile_alone_note") else ""))
+        if t.get("compile_gainers_ms"):
+            c = t["compile_gainers_correctness"]
+            print(f"torch.compile with only the kernels that gain inside it "
+                  f"({', '.join(t['compile_gainers'])}): {t['compile_gainers_ms']:.3f} ms, "
+                  f"{t['compile_ms'] / t['compile_gainers_ms']:.3f}x vs torch.compile; outputs "
+                  + ("not compared" if c is None else "PASS" if c["passed"] else
+                     f"FAIL ({describe_mismatch(c)})"))
         if t.get("gainers_ms"):
             vs_compile = "" if t["compile_ms"] is None else \
                 f", {t['compile_ms'] / t['gainers_ms']:.3f}x vs torch.compile"
@@ -589,7 +659,8 @@ def _verify(argv):
         report = verify(model, inputs, kernels, diagnose=args.diagnose,
                         timing=not args.no_timing, warmup=args.warmup, repeat=args.repeat,
                         compile_backend=backend, weight_layout=args.weight_layout,
-                        cuda_graphs=args.cuda_graphs, description=description)
+                        cuda_graphs=args.cuda_graphs, description=description,
+                        compile_alone=args.compile_alone)
     except GraphCaptureError as e:
         raise UsageError(str(e), code=1) from None
     report["regate"] = checked
@@ -610,7 +681,10 @@ def build_parser():
     src = parser.add_argument_group("kernels (default: workspace/plan.json)")
     src.add_argument("--plan", default=str(autokernel.PLAN_JSON), help="extract.py's plan")
     src.add_argument("--kernels", help="explicit kernel files, comma-separated")
-    src.add_argument("--starters", action="store_true", help="every kernels/*.py")
+    src.add_argument("--starters", action="store_true",
+                     help="every kernels/*.py (kernels/cuda/*.py with --backend cuda)")
+    src.add_argument("--backend", choices=("triton", "cuda"), default="triton",
+                     help="which starters --starters takes: triton or cuda (CUDA C++, GPU only)")
     src.add_argument("--results", default=str(autokernel.RESULTS_TSV),
                      help="results.tsv whose kept rows the plan's kernel files must match")
     src.add_argument("--no-regate", action="store_true",
@@ -621,6 +695,9 @@ def build_parser():
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile timing")
     parser.add_argument("--compile-backend", help="torch.compile backend (default: inductor on "
                         "CUDA; on CPU compile is skipped unless this is given)")
+    parser.add_argument("--compile-alone", action=argparse.BooleanOptionalAction,
+                        help="time each kernel alone inside torch.compile too, a compile each "
+                             "(default: on a GPU)")
     parser.add_argument("--no-timing", action="store_true", help="check correctness only")
     parser.add_argument("--warmup", type=int, help="untimed forwards (default 5 CUDA, 1 CPU)")
     parser.add_argument("--repeat", type=int, help="timed forwards (default 20 CUDA, 3 CPU)")

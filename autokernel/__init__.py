@@ -15,6 +15,7 @@ sys.modules here. Everything else lives in a module with one job:
     timing        paired rounds, the judge's clock   state      lock, snapshot/restore, reaping
     regate        the morning re-check               swap       how a kernel gets into a model
     endtoend      running and timing whole models    recognize  which kernel type an op is
+    patterns      which kernel type a computation in the captured graph is, whoever wrote it
     night         per-kernel stats, Amdahl            gpus       datasheet peaks
     cli, git      one-line errors; the one git wrapper
 

@@ -20,7 +20,8 @@ prepare.json, rebuilt when the key no longer matches:
   "device": {"name", "cuda", "sm_count", "capability": [9, 0], "memory_mib", "max_sm_clock_mhz",
              "max_mem_clock_mhz", "driver", "torch", "triton"}
             (CPU: "name": "cpu", "cuda": false, "cpu_model", "cores", "torch", "triton"),
-  "spec": {"name", "fp16_tflops", "bandwidth_gb_s"}  datasheet, autokernel.gpus (CPU: Nones),
+  "spec": {"name", "fp16_tflops", "bandwidth_gb_s", "source"}  datasheet, autokernel.gpus (CPU:
+          Nones),
   "ceilings": {"bandwidth_gb_s": float|None, "tflops": {"fp16", "bf16", "fp32"}|None,
                "measured_at": iso},
   "baselines": {"<type>|<shape, e.g. 8192x8192>|<fp16|bf16|fp32>": {
@@ -168,11 +169,11 @@ def detect_device():
 def spec_for(device):
     """Datasheet numbers (autokernel.gpus), Nones on a CPU."""
     if not device["cuda"]:
-        return {"name": "cpu", "fp16_tflops": None, "bandwidth_gb_s": None}
+        return {"name": "cpu", "fp16_tflops": None, "bandwidth_gb_s": None, "source": None}
     spec = gpu_spec(device["name"], device["sm_count"],
                                device.get("max_sm_clock_mhz") or 0.0, tuple(device["capability"]))
     return {"name": spec.name, "fp16_tflops": spec.fp16_tflops,
-            "bandwidth_gb_s": spec.bandwidth_gb_s or None}
+            "bandwidth_gb_s": spec.bandwidth_gb_s or None, "source": spec.source}
 
 
 # ---------------------------------------------------------------------------------------------

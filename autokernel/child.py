@@ -14,6 +14,10 @@ answers in JSON, never in pickle (unpickling a message from here would run code 
     ("loop", inputs, n, flush, buffer) -> {"status": "looped", ...}: n calls, each after an L2
                                          flush when asked, then a device sync; the judge times
                                          this with its own clock; the buffer gets the last output
+    ("build", init_args, seed, dtype)  -> {"status": "built"} | {"status": "raised", ...}: a
+                                         KernelBench kernel file's ModelNew(*init_args), built
+                                         under the judge's seed (autokernel/kernelbench.py);
+                                         its forward is the kernel_fn of the calls after it
     ("stop",)
 
 What runs here can patch anything in this process (its clocks, json, torch, these functions), so
@@ -66,13 +70,16 @@ def serve(conn, kernel_path, log_path):
         module = load_module(kernel_path)
     except BaseException as e:  # noqa: B036  (SystemExit from a kernel file is a failure too)
         traceback.print_exc()
-        kind = "import error" if isinstance(e, ImportError) else \
+        from autokernel.cuda_build import CudaBuildError
+        kind = CudaBuildError.kind if isinstance(e, CudaBuildError) else \
+            "import error" if isinstance(e, ImportError) else \
             f"{type(e).__name__} while importing the kernel file"
         send({"status": "import_failed", "error": f"{kind}: {_line(e)}"})
         return
     attrs = {k: v for k, v in module_attrs(module).items() if _plain(v)}
-    runner = Runner(getattr(module, "kernel_fn", None))
-    send({"status": "loaded", "attrs": attrs, "has_kernel_fn": callable(runner.fn)})
+    runner = Runner(getattr(module, "kernel_fn", None), getattr(module, "ModelNew", None))
+    send({"status": "loaded", "attrs": attrs, "has_kernel_fn": callable(runner.fn),
+          "has_model_new": isinstance(runner.model_class, type)})
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
@@ -83,13 +90,40 @@ def serve(conn, kernel_path, log_path):
 class Runner:
     """Runs kernel_fn for the judge and answers in plain dicts. The tests call it in-process."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, model_class=None):
         import torch
         import autokernel
         self.torch, self.fn, self.cuda = torch, fn, autokernel.CUDA
+        self.model_class = model_class  # a KernelBench file's ModelNew (fn comes from build)
         self.Guard = make_guard()
         self.flush_buffer = None
         self.previous = None  # the last call's output: one reused for new inputs is a cache
+
+    def build(self, init_args, seed, dtype):
+        """ModelNew(*init_args) as KernelBench builds it: on the CPU under the judge's seed (the
+        judge builds the problem's Model the same way, so parameters created in the same order
+        match), then moved to the device and dtype. Its forward, given the inputs in order and
+        without autograd, becomes what call, time and loop run. Outside the guard: building
+        initialises parameters with torch ops."""
+        torch = self.torch
+        if not isinstance(self.model_class, type):
+            return {"status": "raised", "kind": "error",
+                    "error": "the kernel file defines no ModelNew class"}
+        try:
+            with torch.no_grad():
+                torch.manual_seed(seed)
+                model = self.model_class(*init_args).to(device="cuda" if self.cuda else "cpu",
+                                                        dtype=getattr(torch, dtype))
+        except BaseException as e:  # noqa: B036  (SystemExit from ModelNew is a failure too)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return self.raised(e)
+
+        def forward(**inputs):
+            with torch.no_grad():
+                return model(*inputs.values())
+        self.fn, self.previous = forward, None
+        return {"status": "built"}
 
     def call(self, inputs, poison, buffer):
         guard = self.Guard(poison)

@@ -4,11 +4,16 @@ define, read one way by every script.
 
     KERNEL_TYPE  = "softmax"          # one of the registered types (autokernel.KERNEL_TYPES)
     KERNEL_NAME  = "softmax_1"        # optional: the tag in results.tsv and plan.json
-    BACKEND      = "triton"           # optional
+    BACKEND      = "triton"           # optional: "triton" (default) or "cuda" (CUDA C++ source
+                                      #   built by autokernel/cuda_build.py; needs a GPU to run)
     BENCH_SHAPES = [(4096, 50257)]    # optional: the shapes that matter (the first is timed)
     BENCH_DTYPE  = "bf16"             # optional: the timed dtype (default fp16)
     BENCH_VARIANT = {"kv_groups": 4}  # optional: the timed variant of the type's contract
     def kernel_fn(**args): ...        # the reference's named arguments in, a new tensor out
+
+A KernelBench problem's solution instead sets KERNEL_TYPE = "kernelbench", KERNELBENCH_PROBLEM
+(the problem file) and KERNELBENCH_SHA256 (its bytes' hash) and defines ModelNew in place of
+kernel_fn (autokernel/kernelbench.py; `uv run kernelbench.py setup PROBLEM.py` writes one).
 
 The names are read from the source without running it (`read_attrs`), so a row can be tagged
 even when the file does not import; `load` imports the file and checks the same names.
@@ -22,8 +27,8 @@ from pathlib import Path
 from autokernel import KERNEL_TYPE_NAMES
 
 CONTRACT_NAMES = ("KERNEL_TYPE", "KERNEL_NAME", "BENCH_SHAPES", "BENCH_DTYPE", "BENCH_VARIANT",
-                  "BACKEND")
-BACKENDS = ("triton",)
+                  "BACKEND", "KERNELBENCH_PROBLEM", "KERNELBENCH_SHA256")
+BACKENDS = ("triton", "cuda")
 
 
 class KernelFileError(Exception):
@@ -68,12 +73,16 @@ def tag_of_source(source):
 
 def plan(attrs) -> dict:
     """What to judge a kernel file at, from its contract names: {"kernel_type", "tag", "shape"
-    (the timed one), "shape_str", "bench_shapes", "dtype", "variant"}. Raises KernelFileError."""
+    (the timed one), "shape_str", "bench_shapes", "dtype", "variant", "backend"}. Raises
+    KernelFileError."""
     from autokernel.kernel_types import DTYPE_NAMES, KERNEL_TYPES, parse_dtype
     name = attrs.get("KERNEL_TYPE")
     if name is None:
         raise KernelFileError(f"kernel file defines no KERNEL_TYPE; set it to one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
+    if name == "kernelbench":
+        from autokernel import kernelbench
+        return kernelbench.plan(attrs)
     if name not in KERNEL_TYPE_NAMES:
         raise KernelFileError(f"unknown KERNEL_TYPE {name!r}: use one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
@@ -106,7 +115,7 @@ def plan(attrs) -> dict:
         raise KernelFileError(str(e))
     return {"kernel_type": name, "tag": tag_of(attrs), "shape": list(shapes[0]),
             "shape_str": ktype.shape_str(shapes[0]), "bench_shapes": [list(s) for s in shapes],
-            "dtype": DTYPE_NAMES[dtype], "variant": variant}
+            "dtype": DTYPE_NAMES[dtype], "variant": variant, "backend": backend}
 
 
 def load_module(path, name=None):

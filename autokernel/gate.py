@@ -52,11 +52,14 @@ def check(runner, plan, quick=False, on_stage=None, log=None):
     log = log or (lambda line: None)
     result = {"correctness": "FAIL", "reason": "", "stages": {s: "skipped" for s in STAGES},
               "failed_stage": None, "checks": 0}
-    judge = Judge(runner, plan, on_stage or (lambda name, where="": None))
+    judge = judge_class(plan)(runner, plan, on_stage or (lambda name, where="": None), log)
     for number, stage in enumerate(STAGES, start=1):
         if result["failed_stage"] or (quick and number > 1):
             why = f"{result['failed_stage']} failed" if result["failed_stage"] else "--quick"
             log(f"stage_{number}_{stage}: skipped ({why})")
+            continue
+        if stage in judge.not_applicable:
+            log(f"stage_{number}_{stage}: skipped ({judge.not_applicable[stage]})")
             continue
         started, before = time.perf_counter(), judge.checks
         try:
@@ -79,10 +82,21 @@ def check(runner, plan, quick=False, on_stage=None, log=None):
     return result
 
 
+def judge_class(plan):
+    """The Judge for a plan: a KernelBench problem's ModelNew has its own
+    (autokernel/kernelbench.py)."""
+    if plan["kernel_type"] == "kernelbench":
+        from autokernel.kernelbench import ProblemJudge
+        return ProblemJudge
+    return Judge
+
+
 class Judge:
     """Makes inputs, has the runner call kernel_fn on them, judges what comes back."""
+    callee = "kernel_fn"   # what the messages call the code under judgement
+    not_applicable = {}    # stage -> why it does not apply (skipped, not failed)
 
-    def __init__(self, runner, plan, on_stage):
+    def __init__(self, runner, plan, on_stage, log=None):
         self.runner, self.on_stage = runner, on_stage
         self.ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
         self.primary = tuple(plan["shape"])
@@ -173,32 +187,40 @@ class Judge:
     def call(self, inputs, pristine, ref, poison, where):
         """kernel_fn on inputs, through the runner: the judge's copy of the output and the
         runner's reply. Checks everything but the values."""
-        buffer = torch.full(ref.shape, float("nan"), dtype=ak.out_dtype(self.ktype, inputs),
-                            device=ak.DEVICE)
+        buffer = self.output_buffer(ref, inputs)
         reply = self.runner.call(inputs, poison, buffer)
         status = reply.get("status")
         if status == "forbidden":
-            raise CheckFailure(f"kernel_fn called torch compute op {reply['op']}; do the math "
-                               f"in a Triton kernel")
+            raise CheckFailure(f"{self.callee} called torch compute op {reply['op']}; do the math "
+                               f"in the kernel's own Triton or CUDA code")
         if status == "raised":
             kind, error = reply.get("kind"), reply.get("error", "")
             if kind == "oom":
                 raise CheckFailure(f"out of memory at {where}: {error}")
             if kind == "device":
                 raise CheckCrash(f"device fault at {where}: {error}")
-            raise CheckFailure(f"kernel_fn raised {error} at {where}")
+            raise CheckFailure(f"{self.callee} raised {error} at {where}")
         self.check_reply(reply, buffer, where)
+        self.check_inputs(inputs, pristine, where)
+        return buffer, reply
+
+    def output_buffer(self, ref, inputs):
+        """Where the runner copies the output: NaN, so an element it never wrote shows."""
+        return torch.full(ref.shape, float("nan"), dtype=ak.out_dtype(self.ktype, inputs),
+                          device=ak.DEVICE)
+
+    def check_inputs(self, inputs, pristine, where):
+        """The inputs must come back bit for bit as they went in."""
         for name, tensor in tensors(inputs).items():
             changed = int((bits(tensor) != bits(pristine[name])).sum())
             if changed:
-                raise CheckFailure(f"kernel_fn modified its input {name} ({changed} of "
+                raise CheckFailure(f"{self.callee} modified its input {name} ({changed} of "
                                    f"{tensor.numel()} elements changed) at {where}")
-        return buffer, reply
 
     def check_reply(self, reply, buffer, where):
         """The output's type, shape, dtype and device as the runner saw them; aliasing."""
         if reply.get("type") != "Tensor":
-            raise CheckFailure(f"kernel_fn returned {reply.get('type')}, expected a new "
+            raise CheckFailure(f"{self.callee} returned {reply.get('type')}, expected a new "
                                f"torch.Tensor at {where}")
         if reply.get("aliases"):
             raise CheckFailure(f"the output shares memory with input {reply['aliases'][0]}; "

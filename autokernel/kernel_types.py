@@ -479,9 +479,11 @@ def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCES[dtype]
 
 
-def mismatches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, floor: float = 1.0):
+def mismatches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, floor: float = 1.0,
+               rms: float = None):
     """Where got differs from the oracle beyond the tolerance for input `dtype`: a bool tensor,
-    and the absolute tolerance used.
+    and the absolute tolerance used. rms: the RMS of the whole output's finite values, when
+    got and want are one piece of it (an output too large to compare at once).
 
     rtol is the table's value. atol is the table's value in units of the output's scale (its RMS,
     never less than `floor`, which is 1 or the type's error_scale): for unit-scale outputs (norms,
@@ -493,9 +495,10 @@ def mismatches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, floor:
     terms (~5e-5 in fp32), so reduce judges it at the terms' scale, as it would with many rows."""
     tol = TOLERANCES[dtype]
     got, want = got.double(), want.double()
-    finite = want[torch.isfinite(want)]
-    scale = max(floor, float(finite.square().mean().sqrt())) if finite.numel() else floor
-    atol = tol * scale
+    if rms is None:
+        finite = want[torch.isfinite(want)]
+        rms = float(finite.square().mean().sqrt()) if finite.numel() else 0.0
+    atol = tol * max(floor, rms)
     return ~torch.isclose(got, want, rtol=tol, atol=atol), atol
 
 

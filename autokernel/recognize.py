@@ -5,10 +5,12 @@ events and asks this module what each one is:
     inside it) is looked up in OP_TABLE, which gives its group (one of the nine kernel types or
     a named group: elementwise, copy/cast, embedding, ...), its kernel type, and a function that
     reads the type's shape from the profiler's recorded input shapes;
-  * a module that IS a kernel type (RMSNorm, SwiGLU, RotaryEmbedding: MODULE_SCOPES) runs inside
-    an `autokernel::<class>::<type>::<shape>` profiler scope while profiling (module_scopes), and
-    everything it launches belongs to that scope.
+  * a computation that IS a kernel type runs inside an `autokernel::<label>::<type>::<shape>`
+    profiler scope while profiling, and everything it launches belongs to that scope: each match
+    autokernel/patterns.py finds in the captured graph, or, when capture fails, each module of a
+    class in MODULE_SCOPES (RMSNorm, SwiGLU, RotaryEmbedding: module_scopes).
 """
+import json
 import math
 from contextlib import contextmanager
 
@@ -251,14 +253,22 @@ def _module_scope(module):
     return None
 
 
-def scope_name(label, ktype, shape):
-    return f"{SCOPE_PREFIX}{label}::{ktype}::{'x'.join(map(str, shape))}"
+def scope_name(label, ktype, shape, variant=None, note=""):
+    """The scope of one call of a kernel type: its shape, or when no kernel of the type can take
+    it the note saying why, then the contract variant (JSON) when it is not the default."""
+    name = f"{SCOPE_PREFIX}{label}::{ktype}::"
+    name += "x".join(map(str, shape)) if shape else note.replace("::", ":")
+    return name + (f"::{json.dumps(variant, sort_keys=True)}" if variant else "")
 
 
 def parse_scope(name):
-    """'autokernel::RMSNorm::rmsnorm::8192x4096' -> ('RMSNorm', 'rmsnorm', (8192, 4096))."""
-    label, ktype, shape = name[len(SCOPE_PREFIX):].split("::")
-    return label, ktype, tuple(int(d) for d in shape.split("x"))
+    """'autokernel::RMSNorm::rmsnorm::8192x4096' -> ('RMSNorm', 'rmsnorm', (8192, 4096), '', {});
+    a note in place of the shape comes back as (label, ktype, None, note, variant)."""
+    label, ktype, shape, *variant = name[len(SCOPE_PREFIX):].split("::", 3)
+    variant = json.loads(variant[0]) if variant else {}
+    if all(d.isdigit() for d in shape.split("x")):
+        return label, ktype, tuple(int(d) for d in shape.split("x")), "", variant
+    return label, ktype, None, shape, variant
 
 
 @contextmanager
@@ -292,10 +302,10 @@ def module_scopes(model):
 
 def classify_event(event):
     """(name, group, kernel_type, shape or None, note, variant) for a profiler event that time is
-    attributed to: an autokernel scope (named by its module class) or an aten op."""
+    attributed to: an autokernel scope (named by its module's class) or an aten op."""
     if event.name.startswith(SCOPE_PREFIX):
-        label, ktype, shape = parse_scope(event.name)
-        return label, ktype, ktype, shape, "", {}
+        label, ktype, shape, note, variant = parse_scope(event.name)
+        return label, ktype, ktype, shape, note, variant
     group, ktype, shape, note, variant = classify_op(
         event.name, event.input_shapes or [], getattr(event, "concrete_inputs", None) or [])
     return event.name, group, ktype, shape, note, variant

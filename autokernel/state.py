@@ -82,12 +82,13 @@ def _children(pid):
     return found
 
 
-def kill_descendants(timeout_s=5.0):
-    """SIGKILL every process below this one (and reap it) until none is left. Returns how many
-    there were. Killing a parent reparents its children to us (subreaper), so repeat."""
+def kill_descendants(timeout_s=5.0, spare=()):
+    """SIGKILL every process below this one (and reap it) until none is left, but the pids in
+    spare. Returns how many there were. Killing a parent reparents its children to us
+    (subreaper), so repeat."""
     me, killed, deadline = os.getpid(), 0, time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        children = _children(me)
+        children = [pid for pid in _children(me) if pid not in spare]
         if not children:
             break
         for pid in children:

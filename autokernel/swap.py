@@ -41,6 +41,7 @@ The rules (SWAP_RULES, one entry per kernel type):
     model's shape, N=50257.
 """
 import contextlib
+import functools
 import inspect
 import math
 import sys
@@ -301,6 +302,19 @@ class Swap:
                     delattr(owner, attr)
 
 
+def pluggable_types(model, forward):
+    """The kernel types a swap plugs a kernel into in this model, by one forward(model) with
+    every type swapped for its eager reference: a computation the profiler recognized but no
+    swap rule reaches (attention written out as matmul-softmax-matmul, say) is absent."""
+    import reference
+    stand_ins = [Kernel(t, t, Path(reference.__file__), getattr(reference, f"{t}_eager"))
+                 for t in autokernel.KERNEL_TYPE_NAMES]
+    swap = Swap(stand_ins, weight_layout="view")
+    with torch.inference_mode(), swap.installed(model):
+        forward(model)
+    return {t for t in autokernel.KERNEL_TYPE_NAMES if swap.calls[t]}
+
+
 def _patched(swap, original, handler):
     """`original` (a torch function or Tensor method) with the rule's handler in front: the
     handler gets the call's arguments bound to its own signature; the original runs on FALLBACK,
@@ -311,6 +325,7 @@ def _patched(swap, original, handler):
     # keywords it names, so check once per calling convention.
     bindable = {}
     running = ops.RUNNING  # an op body (real, fake, backward) runs: pass through
+    on_gpu = autokernel.CUDA
 
     def call(*args, **kwargs):
         if swap.busy or running[0]:  # a kernel's, a handler's or a fallback's own torch calls
@@ -326,6 +341,8 @@ def _patched(swap, original, handler):
             ok = bindable[convention] = binds(len(args), tuple(kwargs))
         if not ok:  # a calling convention the rule does not know: leave it alone
             return original(*args, **kwargs)
+        if on_gpu and args and isinstance(args[0], torch.Tensor) and not args[0].is_cuda:
+            return original(*args, **kwargs)  # CPU tensors in a GPU process: not the kernels'
         # Busy for the handler's glue and the fallback too: F.softmax's original calls
         # Tensor.softmax, which must not be intercepted (and counted) a second time.
         swap.busy = True
@@ -626,11 +643,16 @@ def _rotary_module(swap, module):
                 or x.dtype not in FLOAT_DTYPES:
             swap.fallback("rotary_embedding", "shape or dtype outside the contract")
             return original(x, offset)
-        key = (offset, S, x.dtype, module.cos.data_ptr())
-        if key not in tables:  # the slice and cast, once per (offset, length, dtype)
-            tables[key] = tuple(t[offset:offset + S].to(x.dtype).contiguous()
-                                for t in (module.cos, module.sin))
-        c, s = tables[key]
+        if torch.compiler.is_compiling():
+            # The graph slices and casts: a data_ptr() key would break it.
+            c, s = (t[offset:offset + S].to(x.dtype).contiguous()
+                    for t in (module.cos, module.sin))
+        else:
+            key = (offset, S, x.dtype, module.cos.data_ptr())
+            if key not in tables:  # the slice and cast, once per (offset, length, dtype)
+                tables[key] = tuple(t[offset:offset + S].to(x.dtype).contiguous()
+                                    for t in (module.cos, module.sin))
+            c, s = tables[key]
         return swap.run("rotary_embedding", x=x.contiguous(), cos=c, sin=s)
     return forward
 
@@ -697,6 +719,43 @@ def _hf_rotary_patches(swap, model):
     return patches
 
 
+def _hf_mask_patches(swap, model):
+    """transformers lets SDPA's is_causal do the masking when nothing is padded, and builds a full
+    mask otherwise (which no flash kernel takes). While dynamo traces, torch before 2.14 answers
+    torch.compiler.is_exporting() with True, so transformers builds the mask in every compiled
+    forward. Where its skip depends on shapes alone (no padding mask, no sliding window reached;
+    the offsets' values never enter it), the patched checks answer as the eager forward does;
+    otherwise, or where transformers' signature is not the one known here, the original
+    decides."""
+    masking = sys.modules.get("transformers.masking_utils")
+    if masking is None:
+        return []
+
+    def no_window(kv_length, local_attention_size):
+        return local_attention_size is None or kv_length < local_attention_size
+
+    def ignore_causal(padding_mask, q_length, kv_length, q_offset, kv_offset,
+                      local_attention_size=None, _original=None):
+        if padding_mask is None and no_window(kv_length, local_attention_size):
+            return q_length == 1 or kv_length == q_length
+        return _original(padding_mask, q_length, kv_length, q_offset, kv_offset,
+                         local_attention_size)
+
+    def ignore_bidirectional(padding_mask, kv_length, local_attention_size=None, _original=None):
+        if padding_mask is None and no_window(kv_length, local_attention_size):
+            return True
+        return _original(padding_mask, kv_length, local_attention_size)
+
+    patches = []
+    for name, check in (("_ignore_causal_mask_sdpa", ignore_causal),
+                        ("_ignore_bidirectional_mask_sdpa", ignore_bidirectional)):
+        original = getattr(masking, name, None)
+        known = list(inspect.signature(check).parameters)[:-1]
+        if callable(original) and list(inspect.signature(original).parameters) == known:
+            patches.append((masking, name, functools.partial(check, _original=original)))
+    return patches
+
+
 def _first_arg_shape(inputs):
     return tuple(next(iter(inputs.values())).shape)
 
@@ -723,7 +782,8 @@ SWAP_RULES = {
                                    (T, "softmax"): _softmax_torch}),
     "layernorm": SwapRule(functions={(F, "layer_norm"): _layer_norm}),
     "rmsnorm": SwapRule(functions={(F, "rms_norm"): _rms_norm}, modules=(_rmsnorm_module,)),
-    "flash_attention": SwapRule(functions={(F, "scaled_dot_product_attention"): _sdpa}),
+    "flash_attention": SwapRule(functions={(F, "scaled_dot_product_attention"): _sdpa},
+                                patches=(_hf_mask_patches,)),
     "fused_mlp": SwapRule(modules=(_swiglu_module,),
                           contract_shape=lambda t: (t["x"].shape[0], t["x"].shape[1],
                                                     t["w_gate"].shape[0])),

@@ -475,7 +475,16 @@ def _rows_view(t):
 
 @functools.lru_cache(maxsize=None)
 def _device_has_tma(index):
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # NVIDIA sm_90 and later: torch on ROCm reports AMD's gfx942 as capability 9.4 as well
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _dot_precision(dtype):
+    """tl.dot's input precision: fp32 as tf32x3 on NVIDIA (16-bit inputs ignore it). ROCm's
+    Triton refuses tf32x3 on every AMD GPU and tf32 on all but gfx942: plain fp32 there."""
+    if torch.version.hip is not None:
+        return "ieee"
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def _gpu_has_tma(t):
@@ -505,6 +514,10 @@ def flash_attention(Q, K, V, causal=True, scale=None, config=None, tma=None, hop
         return flash_attention_hopper(Q, K, V, causal, scale)
     O = torch.empty((B, H, S, D), device=Q.device, dtype=Q.dtype)
     cfg = dict(config or pick_config(S, D, Q.dtype))
+    if not config and torch.version.hip is not None:
+        # AMD GPUs have 64 KiB of LDS (MI300X; 160 on MI350X), not the 228 KiB these H100
+        # configs fill: two stages keep every tile within it
+        cfg["num_stages"] = min(cfg["num_stages"], 2)
     BM, BN = cfg["BLOCK_M"], cfg["BLOCK_N"]
     assert BM % BN == 0, "BLOCK_M must be a multiple of BLOCK_N"
     block_d = max(16, 1 << (D - 1).bit_length())  # next power of 2
@@ -523,7 +536,7 @@ def flash_attention(Q, K, V, causal=True, scale=None, config=None, tma=None, hop
         Q, K, V, O, *descs, H, H // Hkv, S, D, LOG2E * scale,
         *Q.stride(), *K.stride(), *V.stride(), *O.stride(),
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=block_d, CAUSAL=bool(causal), EVEN_D=block_d == D,
-        USE_TMA=use_tma, PRECISION="tf32x3" if Q.dtype == torch.float32 else "tf32",
+        USE_TMA=use_tma, PRECISION=_dot_precision(Q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return O
 
@@ -538,9 +551,10 @@ HOPPER_STAGES = 2
 @functools.lru_cache(maxsize=None)
 def _hopper_device(index):
     """(SM count, L2 bytes) if GPU `index` is a Hopper (compute capability 9.x: wgmma), else
-    None."""
+    None. An AMD GPU never is, whatever capability ROCm reports (gfx942: 9.4)."""
     props = torch.cuda.get_device_properties(index)
-    return (props.multi_processor_count, props.L2_cache_size) if props.major == 9 else None
+    hopper = props.major == 9 and torch.version.hip is None
+    return (props.multi_processor_count, props.L2_cache_size) if hopper else None
 
 
 def _hopper_ok(Q, K, V, scale=None):

@@ -261,7 +261,16 @@ def _tma_operands(A, B):
 
 @functools.lru_cache(maxsize=None)
 def _device_has_tma(index):
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # NVIDIA sm_90 and later: torch on ROCm reports AMD's gfx942 as capability 9.4 as well
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _dot_precision(dtype):
+    """tl.dot's input precision: fp32 as tf32x3 on NVIDIA (16-bit inputs ignore it). ROCm's
+    Triton refuses tf32x3 on every AMD GPU and tf32 on all but gfx942: plain fp32 there."""
+    if torch.version.hip is not None:
+        return "ieee"
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def _gpu_has_tma(t):
@@ -298,8 +307,12 @@ def matmul(A, B, bias=None, config=None, tma=None):
     has_bias = bias is not None
     bias_arg = bias if has_bias else C  # any valid pointer: the load is compiled out
     cfg = dict(config or pick_config(M, N, K, A.dtype))
+    if not config and torch.version.hip is not None:
+        # AMD GPUs have 64 KiB of LDS (MI300X; 160 on MI350X), not the 228 KiB these H100
+        # configs fill: two stages keep every tile within it
+        cfg["num_stages"] = min(cfg["num_stages"], 2)
     BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    precision = "tf32x3" if A.dtype == torch.float32 else "tf32"
+    precision = _dot_precision(A.dtype)
     grid = ((M + BM - 1) // BM * ((N + BN - 1) // BN),)
     if tma is None:
         tma = (cfg.get("PERSISTENT") or M * N * K >= TMA_MIN_MACS) and _gpu_has_tma(A)

@@ -348,11 +348,13 @@ def softmax(x, fused=None, resident=None, splits=None, block_n=None, num_warps=N
     args = (x2, y, words, N, x2.stride(0), x2.stride(1), y.stride(0), y.stride(1))
     splits_pow2 = 1 << (splits - 1).bit_length()  # plain Python: next_power_of_2 costs ~2.5 us
     if plan is not None:
+        # maxnreg is an NVIDIA launch option: ROCm's Triton refuses the keyword
+        cap = (RESIDENT_MAXNREG if x.element_size() == 2 and slice_pow2 <= RESIDENT_SLICE
+               and torch.version.hip is None else None)
         softmax_resident_kernel[(M * splits,)](
             *args, slice_cols, max_spin, SPLITS=splits, SPLITS_POW2=splits_pow2,
             SLICE=slice_pow2, ALIGN=align, FALLBACK_N=block_n or 256, num_warps=num_warps or 4,
-            maxnreg=RESIDENT_MAXNREG
-            if x.element_size() == 2 and slice_pow2 <= RESIDENT_SLICE else None)
+            **({"maxnreg": cap} if cap else {}))
     else:
         softmax_looped_kernel[(M * splits,)](
             *args, chunks_per_split, max_spin, SPLITS=splits, SPLITS_POW2=splits_pow2,

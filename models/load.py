@@ -1,7 +1,9 @@
 """
 From the model flags to a model: --model FILE (a models/ file, your own, or a KernelBench
-problem), or --module transformers --hf-config NAME_OR_PATH, built in the --dtype on the
---device, with the inputs of --input-shape. profile.py, verify.py and any later tool load models
+problem), --module transformers --hf-config NAME_OR_PATH (a config: random weights), or
+--pretrained DIR_OR_NAME (a transformers model with its real weights, from a local directory or
+the local HF cache, offline, safetensors only), built in the --dtype on the --device, with the
+inputs of --input-shape. profile.py, verify.py and any later tool load models
 through here, so the flags mean the same everywhere and profile.json can record them
 (model_args) for verify.py to rebuild the same model.
 
@@ -57,8 +59,12 @@ FLAGS = (
     ("--module", dict(choices=["transformers"], help="build a transformers model instead of a "
                       "file (needs the hf extra)")),
     ("--hf-config", dict(metavar="NAME_OR_PATH", help="with --module transformers: a local "
-                         "config.json, a local model directory, or a built-in tiny config: "
-                         + ", ".join(HF_TINY))),
+                         "config.json, a local model directory (its config only: random "
+                         "weights), or a built-in tiny config: " + ", ".join(HF_TINY))),
+    ("--pretrained", dict(metavar="DIR_OR_NAME", help="a transformers model with its real "
+                          "weights: a local directory (config.json + *.safetensors) or a hub "
+                          "name already in the local HF cache (never downloaded); implies "
+                          "--module transformers")),
     ("--input-shape", dict(metavar="BxS", help="batch x sequence for token models, e.g. 8x1024 "
                            "(default: the model's DEFAULT_INPUT_SHAPE on a GPU, "
                            f"{CPU_INPUT_SHAPE[0]}x{CPU_INPUT_SHAPE[1]} on a CPU); KernelBench "
@@ -86,7 +92,9 @@ def load_model(args):
     """(model in eval mode on the device and dtype, inputs tuple, description) from the shared
     flags (add_model_args). Raises UsageError for bad flags, ModelError when the model fails."""
     device, dtype = device_and_dtype(args)
-    if args.module == "transformers":
+    if args.pretrained and args.model:
+        raise UsageError("--pretrained loads a transformers model, --model a file: pass one")
+    if args.module == "transformers" or args.pretrained:
         return _load_hf_model(args, device, dtype)
     if args.hf_config:
         raise UsageError("--hf-config needs --module transformers")
@@ -130,7 +138,7 @@ def _import_file(path):
         raise ModelError(f"could not import {path}: {describe(e)}") from None
 
 
-def _memory_check(model_on_meta, dtype, device, what):
+def _memory_check(model_on_meta, dtype, device, what, advice="use a smaller --config or a GPU"):
     """Refuse, with the numbers, to allocate a model that can't fit (7B on a small box)."""
     need = sum(p.numel() for p in model_on_meta.parameters()) * dtype.itemsize
     if device.type == "cuda":
@@ -140,7 +148,7 @@ def _memory_check(model_on_meta, dtype, device, what):
     if need > 0.9 * have:
         raise UsageError(f"{what} needs {need / 2**30:.1f} GiB of weights in "
                          f"{autokernel.DTYPE_NAMES[dtype]} but {device.type} has "
-                         f"{have / 2**30:.1f} GiB free: use a smaller --config or a GPU")
+                         f"{have / 2**30:.1f} GiB free: {advice}")
 
 
 def _build(factory, dtype, device, what):
@@ -272,32 +280,37 @@ class HFLogits(torch.nn.Module):
 
 
 def _load_hf_model(args, device, dtype):
-    if not args.hf_config:
+    if args.pretrained and args.hf_config:
+        raise UsageError("pass --pretrained or --hf-config, not both (--pretrained reads the "
+                         "config next to the weights)")
+    if not (args.hf_config or args.pretrained):
         raise UsageError("--module transformers needs --hf-config NAME_OR_PATH (a local "
-                         f"config.json or model directory, or one of {', '.join(HF_TINY)})")
+                         f"config.json or model directory, or one of {', '.join(HF_TINY)}) "
+                         "or --pretrained DIR_OR_NAME")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub
     try:
         import transformers
     except ImportError:
         raise UsageError("--module transformers needs the transformers package: "
                          "uv sync --extra hf") from None
-    source = args.hf_config
-    path = Path(source)
-    pretrained = path.is_dir() and any((path / f).exists() for f in
-                                       ("model.safetensors", "pytorch_model.bin",
-                                        "model.safetensors.index.json"))
-    config = _hf_config(transformers, source, path)
+    if args.pretrained:
+        source, path = args.pretrained, pretrained_dir(args.pretrained)
+    else:
+        source, path = args.hf_config, Path(args.hf_config)
+        if path.is_dir() and any(path.glob("*.safetensors")):
+            print(f"note: --hf-config {source} builds the model from its config with random "
+                  "weights; --pretrained loads the weights", file=sys.stderr)
+    config = (_hf_config(transformers, str(path), path, "--pretrained") if args.pretrained
+              else _hf_config(transformers, source, path))
     config._attn_implementation = "sdpa"
     auto = (transformers.AutoModelForMaskedLM if config.model_type in ("bert", "roberta",
                                                                        "distilbert")
             else transformers.AutoModelForCausalLM)
-    what = f"transformers {config.model_type} ({source})"
-    if pretrained:
-        try:
-            model = auto.from_pretrained(str(path)).to(device=device, dtype=dtype).eval()
-        except Exception as e:
-            raise ModelError(f"loading {what} raised {describe(e)}") from None
+    if args.pretrained:
+        what = f"transformers {config.model_type} ({source}, pretrained)"
+        model = _load_pretrained(transformers, auto, path, config, dtype, device, what)
     else:
+        what = f"transformers {config.model_type} ({source})"
         model = _build(lambda: auto.from_config(config), dtype, device, what)
     model = HFLogits(model).eval()
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions",
@@ -311,7 +324,67 @@ def _load_hf_model(args, device, dtype):
     return model, inputs, f"{what} ({_params(model)})"
 
 
-def _hf_config(transformers, source, path):
+def pretrained_dir(source):
+    """The directory --pretrained names: a local directory, or a hub name's snapshot in the local
+    HF cache (looked up, never downloaded). UsageError when it has no config.json or no
+    safetensors weights (pickled .bin weights are not loaded: unpickling runs code)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        directory = path
+    elif path.exists() or source.startswith(("/", ".", "~")) or source.count("/") > 1:
+        what = "is a file" if path.exists() else "does not exist"  # a path, not an org/name
+        raise UsageError(f"--pretrained {source} {what}: pass the model's directory "
+                         "(config.json + *.safetensors) or a hub name in the local HF cache")
+    else:
+        directory = _cached_snapshot(source)
+    if not (directory / "config.json").is_file():
+        raise UsageError(f"--pretrained {source}: no config.json in {directory}: pass the "
+                         "directory save_pretrained wrote")
+    if not any(directory.glob("*.safetensors")):
+        found = sorted(p.name for p in directory.glob("*.bin"))
+        hint = f" (it has {', '.join(found[:2])}: pickled weights are not loaded)" if found else ""
+        raise UsageError(f"--pretrained {source}: no *.safetensors weights in {directory}{hint}"
+                         ": save the model with save_pretrained(DIR) (safetensors by default) "
+                         f"or download them: hf download {source} --include '*.safetensors'")
+    return directory
+
+
+def _cached_snapshot(name):
+    """A hub name's snapshot directory in the local HF cache; UsageError when it is not there."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001  (not a valid hub name: a path that does not exist)
+        found = None
+    if not isinstance(found, str):
+        raise UsageError(f"--pretrained {name}: neither a local directory nor a model in the "
+                         f"local HF cache ({constants.HF_HUB_CACHE}); nothing is downloaded: "
+                         f"run `hf download {name}` once, or pass the model's directory")
+    return Path(found).parent
+
+
+def _load_pretrained(transformers, auto, directory, config, dtype, device, what):
+    """The model with its weights from the directory's safetensors, offline, in dtype on device
+    (the size checked first, on the meta device)."""
+    try:
+        with torch.device("meta"):
+            _memory_check(auto.from_config(config), dtype, device, what,
+                          "use a smaller model, a 16-bit --dtype, or a larger GPU")
+    except UsageError:
+        raise
+    except Exception:  # noqa: BLE001  (can't build on meta: loading it is the check)
+        pass
+    major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
+    dtype_arg = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in 4.56
+    try:
+        model = auto.from_pretrained(str(directory), config=config, local_files_only=True,
+                                     use_safetensors=True, **{dtype_arg: dtype})
+        return model.to(device=device, dtype=dtype).eval()
+    except Exception as e:
+        raise ModelError(f"loading {what} raised {describe(e)}") from None
+
+
+def _hf_config(transformers, source, path, flag="--hf-config"):
     """The transformers config --hf-config names: a built-in tiny one, a config.json, or a local
     model directory (never the hub: offline)."""
     try:
@@ -324,7 +397,7 @@ def _hf_config(transformers, source, path):
         if path.is_dir():
             return transformers.AutoConfig.from_pretrained(str(path))
     except Exception as e:
-        raise UsageError(f"could not read --hf-config {source!r}: {describe(e)}") from None
+        raise UsageError(f"could not read {flag} {source!r}: {describe(e)}") from None
     raise UsageError(f"--hf-config {source!r} is neither a local path nor a built-in "
                      f"tiny config ({', '.join(HF_TINY)}); hub names can't be "
                      "downloaded offline: pass a local config.json or directory")

@@ -85,3 +85,25 @@ def test_profile_records_the_variant_and_extract_times_it(tmp_path):
                                    autokernel.ROOT / "kernels", tmp_path / name, force=False)
         assert row["variant"] == want
         assert f"BENCH_VARIANT = {want!r}" in (tmp_path / name / "flash_attention_1.py").read_text()
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_attention_runs_where_transformers_would_build_a_mask_while_compiling(name, monkeypatch):
+    """torch before 2.14 answers is_exporting() with True while dynamo traces, and transformers
+    then builds a full mask in every compiled forward, so attention would fall back. Forced
+    here in an eager forward: with no padding the swap's mask checks still skip the mask."""
+    from autokernel.swap import Swap
+    masking = pytest.importorskip("transformers.masking_utils")
+    monkeypatch.setattr(masking, "is_torchdynamo_exporting", lambda: True)
+    model, _ = build(name)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids)[0]
+        swap = Swap(kernels("flash_attention"))
+        with swap.installed(model):
+            got = model(ids)[0]
+        assert swap.calls["flash_attention"] == 1 and not swap.fallbacks, swap.fallbacks
+        with swap.installed(model):  # a padding mask: the mask is built, attention falls back
+            model(ids, attention_mask=torch.ones_like(ids))
+    assert swap.fallbacks["flash_attention"]["attention mask"] == 1
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -153,3 +153,24 @@ def test_verify_times_torch_compile_with_kernels_inside():
     assert report["best_variant"] in ("kernels", "compile_kernels")
     assert report["best_speedup_vs_compile"] == pytest.approx(t["compile_ms"] / report["best_ms"])
     verify.print_report(report)
+
+
+def test_verify_attributes_the_gain_inside_torch_compile_per_kernel():
+    """--compile-alone: each kernel alone inside torch.compile, and the kernels that gain there
+    compiled together; the best variant is the fastest whose outputs match."""
+    model, inputs = tiny_custom()
+    report = verify.verify(model, inputs, [kernel(n) for n in ("softmax", "reduce")], warmup=0,
+                           repeat=1, compile_backend="aot_eager", compile_alone=True)
+    t = report["timing"]
+    assert report["passed"], report["failures"]
+    entries = {e["name"]: e for e in report["kernels"]}
+    for e in entries.values():
+        assert e["compile_alone_ms"] > 0
+        assert e["compile_gain_ms"] == pytest.approx(t["compile_ms"] - e["compile_alone_ms"])
+    gainers = [n for n, e in entries.items() if e["compile_gain_ms"] > 0]
+    assert t["compile_gainers"] == gainers
+    assert (t["compile_gainers_ms"] is not None) == (0 < len(gainers) < len(entries))
+    times = {v: t[f"{v}_ms"] for v in ("kernels", "compile_kernels", "compile_gainers")
+             if t[f"{v}_ms"] is not None}
+    assert report["best_variant"] == min(times, key=times.get)
+    verify.print_report(report)

@@ -11,9 +11,9 @@ The "agent" runs `uv run X.py ...` as `sys.executable X.py ...`: the same interp
 (`uv run` inside the temp copy would build a second venv). The clock the orchestrator sees is
 injected through AUTOKERNEL_NOW. Interpreter timings are noisy (and each run costs 5-20 s on two
 cores), so every timed verdict is certain: the first kernel's first version is the starter with
-a 0.5 s pause per call at the timed shape and dtype (kept: the first correct version), the
-"faster" edit removes the pause (kept), the "slower" one puts it back (reverted). The pause is
-at that shape and dtype alone, so the five stages stay cheap.
+a 0.1 s pause per call (~10x the call itself) at the timed shape and dtype (kept: the first
+correct version), the "faster" edit removes the pause (kept), the "slower" one puts it back
+(reverted). The pause is at that shape and dtype alone, so the five stages stay cheap.
 """
 import json
 import os
@@ -67,7 +67,7 @@ def wrapped(body, prelude=""):
 PAUSED = wrapped("    first = (list(args) + list(kwargs.values()))[0]\n"
                  "    if tuple(first.shape) == tuple(BENCH_SHAPES[0]) and first.dtype == "
                  "torch.float32:\n"  # the timed shape and dtype
-                 "        time.sleep(0.5)  # surely slower, whatever the interpreter's noise\n"
+                 "        time.sleep(0.1)  # surely slower, whatever the interpreter's noise\n"
                  "    return _original(*args, **kwargs)\n", "import time\n")
 WRONG_MATH = {"reduce": ("total = tl.sum(acc, axis=1)", "total = tl.max(acc, axis=1)"),
               "rmsnorm": ("rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)",

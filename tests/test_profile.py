@@ -83,11 +83,23 @@ def test_gpt2_bert_custom_attribution():
     result = run_profile(custom.CustomModel(cfg).eval(), custom.get_inputs(2, 8, config=cfg))
     found = by_type(result)
     assert result["named_pct"] >= 95.0
-    assert found["softmax"] == [(2 * 2 * 8, 8)]
+    # Its attention is written out (q @ k^T, a causal mask, F.softmax, @ v): recognized by
+    # computation as causal flash_attention, its softmax and batched matmuls inside it.
+    attention = next(e for e in result["entries"] if e["kernel_type"] == "flash_attention")
+    assert attention["name"] == "ExplicitAttention" and attention["calls"] == 1
+    assert attention["shape_detail"][0]["variant"] == {}
+    assert found["flash_attention"] == [(2, 2, 8, 8)]
+    assert "softmax" not in found and "aten::matmul" not in {e["name"] for e in result["entries"]}
+    # verify.py's swap reaches no written-out attention: extract.py skips it with that reason.
+    assert attention["pluggable"] is False
+    assert all(e["pluggable"] for e in result["entries"]
+               if e["kernel_type"] and e["kernel_type"] != "flash_attention")
+    import extract
+    merged, skipped = extract.merge_by_type(result["entries"])
+    assert "flash_attention" not in {m["kernel_type"] for m in merged}
+    assert [(t, "written out" in why) for _, t, why in skipped] == [("flash_attention", True)]
     assert found["reduce"] == [(16, 16)]
     assert found["cross_entropy"] == [(16, 101)]
-    batched = next(e for e in result["entries"] if e["name"] == "aten::matmul")
-    assert batched["shapes"] == [] and "batched matmul" in batched["note"]
 
 
 def test_low_precision_profile_runs():

@@ -12,6 +12,7 @@ def test_classify_op_table():
     assert c("aten::addmm", [[32], [8, 16], [16, 32]], [])[2] == (8, 32, 16)
     assert c("aten::softmax", [[4, 8, 16], [], []], [None, -1, None])[2] == (32, 16)
     assert c("aten::softmax", [[4, 8, 16], [], []], [None, 1, None])[2] is None
+    assert "batched matmul" in c("aten::matmul", [[2, 4, 8], [2, 8, 4]], [])[3]
     sdpa = [[1, 2, 8, 16]] * 3 + [[], [], [], [], []]
     assert c("aten::scaled_dot_product_attention", sdpa,
              [None, None, None, None, 0.0, True, None, False])[1:3] == ("flash_attention",
@@ -39,7 +40,12 @@ def test_classify_op_table():
 def test_scope_names_round_trip():
     name = recognize.scope_name("RMSNorm", "rmsnorm", (8192, 4096))
     assert name == "autokernel::RMSNorm::rmsnorm::8192x4096"
-    assert recognize.parse_scope(name) == ("RMSNorm", "rmsnorm", (8192, 4096))
+    assert recognize.parse_scope(name) == ("RMSNorm", "rmsnorm", (8192, 4096), "", {})
+    name = recognize.scope_name("Attention", "flash_attention", (2, 4, 8, 16), {"kv_groups": 2})
+    assert recognize.parse_scope(name)[2:] == ((2, 4, 8, 16), "", {"kv_groups": 2})
+    name = recognize.scope_name("Rotary", "rotary_embedding", None, {},
+                                "interleaved pairs: no kernel")
+    assert recognize.parse_scope(name)[2:] == (None, "interleaved pairs: no kernel", {})
 
 
 def test_module_scopes_wrap_typed_modules_and_restore_them():

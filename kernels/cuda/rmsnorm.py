@@ -1,0 +1,256 @@
+"""
+RMSNorm over the last dim of x[M, N] with weight[N] or None, in CUDA C++. Starter kernel for
+AutoKernel (BACKEND = "cuda"): y = x * rsqrt(mean(x^2) + eps) (* weight), math in fp32, output
+in x's dtype. eps is a runtime argument; a None weight is a NULL pointer (one branch per chunk,
+the same for every thread: no divergence).
+
+Two kernels, picked by row length:
+  * rows that fit in registers (up to 32K elements): a group of G threads owns a row (G a
+    multiple of 32, up to 1024; blockDim.y rows per block when rows are short). Each thread
+    loads its chunks of 16 bytes (8 halves or 4 floats) up front: one read of x, all
+    loads in flight together, skipping L1 and marked evict-first in L2 (read once). Chunks are interleaved across the group (chunk c of thread t
+    starts at element (c * G + t) * 8), so each load instruction of a warp reads 512
+    contiguous bytes. The sum of squares meets in a warp-shuffle butterfly, then across warps
+    through shared memory in warp order (bitwise deterministic), and each thread scales the
+    values it still holds and writes them with 16-byte stores. The chunk count a thread holds
+    (VPT: 32 floats' worth, 4 chunks of halves, 8 of floats) is a compile-time constant, so the
+    row stays in registers (a runtime count would put it in local memory); chunks past the
+    row's end are masked.
+  * longer rows: one block of 1024 threads per row, two passes over the row (the second read
+    mostly hits L2).
+16-byte access needs 16-byte aligned rows: other rows (N = 1023, ...) take the same kernels
+with element-wise loads.
+
+G is the fewest threads that hold the row: 256 for 8192 halves. Kernels are compiled with
+__launch_bounds__(1024): at most 64 registers a thread, so any G launches.
+
+Things to try: several rows per warp for N <= 1024, a persistent grid over rows, cp.async
+prefetch of the next row while the current one is reduced.
+
+Usage:
+  uv run bench.py --kernel kernels/cuda/rmsnorm.py     # on a GPU machine
+"""
+import torch
+
+from autokernel import cuda_build
+
+KERNEL_TYPE = "rmsnorm"
+BACKEND = "cuda"
+
+# Launch shape, for tuning (0: the defaults the docstring describes). THREADS_PER_ROW: threads
+# that share a row (a multiple of 32, at most 1024; fewer than the row needs is ignored).
+# ROWS_PER_BLOCK: rows a block holds (at most 1024 / threads per row).
+THREADS_PER_ROW = 0
+ROWS_PER_BLOCK = 0
+
+CUDA_SRC = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) {
+    return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// E elements of T make one 16-byte chunk; a thread holds up to VPT chunks of a row in
+// registers (32 floats: with __launch_bounds__(1024), 64 registers a thread leave room).
+template <typename T> struct Chunk {
+    static constexpr int E = 16 / sizeof(T), VPT = 32 / E;
+};
+
+// A 16-byte load of data read for the last time: it skips L1 and marks its L2 line
+// evict-first (keeping it cached would only evict something still needed).
+__device__ __forceinline__ uint4 load_last(const void* p) {
+    uint4 v;
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+    return v;
+}
+
+// The E elements of a row starting at `start`, as floats (0 past the row's end). VEC: one
+// 16-byte load (rows aligned and N a multiple of E: a chunk is all in or all out).
+template <typename T, bool VEC, bool LAST = false>
+__device__ __forceinline__ void load_chunk(const T* row, int start, int n,
+                                           float (&v)[Chunk<T>::E]) {
+    constexpr int E = Chunk<T>::E;
+    if (VEC) {
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (start < n)
+            raw = LAST ? load_last(row + start)
+                       : __ldg(reinterpret_cast<const uint4*>(row + start));
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = to_f32(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = start + i < n ? to_f32(row[start + i]) : 0.f;
+    }
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void store_chunk(T* row, int start, int n,
+                                            const float (&v)[Chunk<T>::E]) {
+    constexpr int E = Chunk<T>::E;
+    if (VEC) {
+        if (start >= n) return;
+        uint4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < E; ++i) e[i] = from_f32<T>(v[i]);
+        *reinterpret_cast<uint4*>(row + start) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i)
+            if (start + i < n) row[start + i] = from_f32<T>(v[i]);
+    }
+}
+
+// The sum over one row group (blockDim.x threads, a multiple of 32), returned to every thread
+// of the group. Every thread of the block must call it (it may synchronize the block).
+__device__ __forceinline__ float group_sum(float v, float* partial) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    const int warps = blockDim.x / 32;
+    if (warps == 1) return v;
+    float* mine = partial + threadIdx.y * warps;
+    if ((threadIdx.x & 31) == 0) mine[threadIdx.x / 32] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < warps; ++w) s += mine[w];  // warp order: deterministic
+    __syncthreads();
+    return s;
+}
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(1024)
+rmsnorm_rows(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+             long long rows, int n, long long sx, long long sy, float eps) {
+    constexpr int E = Chunk<T>::E, VPT = Chunk<T>::VPT;
+    __shared__ float partial[32];
+    const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    const bool live = row < rows;  // a short last block still joins the reduction
+    const T* xr = x + (live ? row : 0) * sx;
+    float v[VPT][E];
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < VPT; ++c) {
+        load_chunk<T, VEC, true>(xr, (c * blockDim.x + threadIdx.x) * E, live ? n : 0, v[c]);
+#pragma unroll
+        for (int i = 0; i < E; ++i) ss += v[c][i] * v[c][i];
+    }
+    const float rstd = rsqrtf(group_sum(ss, partial) / n + eps);
+    if (!live) return;
+    T* yr = y + row * sy;
+#pragma unroll
+    for (int c = 0; c < VPT; ++c) {
+        const int start = (c * blockDim.x + threadIdx.x) * E;
+        float wv[E];
+        if (w != nullptr) load_chunk<T, VEC>(w, start, n, wv);
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[c][i] *= w != nullptr ? rstd * wv[i] : rstd;
+        store_chunk<T, VEC>(yr, start, n, v[c]);
+    }
+}
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(1024)
+rmsnorm_long(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int n,
+             long long sx, long long sy, float eps) {
+    constexpr int E = Chunk<T>::E;
+    __shared__ float partial[32];
+    const T* xr = x + blockIdx.x * sx;
+    T* yr = y + blockIdx.x * sy;
+    float ss = 0.f;
+    for (int start = threadIdx.x * E; start < n; start += blockDim.x * E) {
+        float v[E];
+        load_chunk<T, VEC>(xr, start, n, v);
+#pragma unroll
+        for (int i = 0; i < E; ++i) ss += v[i] * v[i];
+    }
+    const float rstd = rsqrtf(group_sum(ss, partial) / n + eps);
+    for (int start = threadIdx.x * E; start < n; start += blockDim.x * E) {
+        float v[E], wv[E];
+        load_chunk<T, VEC, true>(xr, start, n, v);
+        if (w != nullptr) load_chunk<T, VEC>(w, start, n, wv);
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] *= w != nullptr ? rstd * wv[i] : rstd;
+        store_chunk<T, VEC>(yr, start, n, v);
+    }
+}
+
+template <typename T, bool VEC>
+int launch(const T* x, const T* w, T* y, long long rows, int n, long long sx, long long sy,
+           float eps, int tpr, int rpb, cudaStream_t stream) {
+    constexpr int E = Chunk<T>::E;
+    const long long chunks = (n + E - 1) / E;
+    int g = 32;  // threads per row: each holds up to VPT chunks
+    while (g < 1024 && (long long)Chunk<T>::VPT * g < chunks) g *= 2;
+    if ((long long)Chunk<T>::VPT * g < chunks) {  // longer than 1024 threads can hold
+        rmsnorm_long<T, VEC><<<(unsigned)rows, 1024, 0, stream>>>(x, w, y, n, sx, sy, eps);
+        return (int)cudaGetLastError();
+    }
+    if (tpr >= g && tpr <= 1024 && tpr % 32 == 0) g = tpr;  // tuning: more threads a row
+    int per_block = g >= 256 ? 1 : 256 / g;
+    if (rpb > 0) per_block = rpb < 1024 / g ? rpb : 1024 / g;
+    const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(g, per_block);
+    rmsnorm_rows<T, VEC><<<grid, block, 0, stream>>>(x, w, y, rows, n, sx, sy, eps);
+    return (int)cudaGetLastError();
+}
+
+template <typename T>
+int dispatch(const void* x, const void* w, void* y, long long rows, int n, long long sx,
+             long long sy, float eps, int tpr, int rpb, cudaStream_t stream) {
+    const auto aligned = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
+    const bool vec = (n * sizeof(T)) % 16 == 0 && (sx * sizeof(T)) % 16 == 0 &&
+                     (sy * sizeof(T)) % 16 == 0 && aligned(x) && aligned(y) &&
+                     (w == nullptr || aligned(w));
+    return vec ? launch<T, true>((const T*)x, (const T*)w, (T*)y, rows, n, sx, sy, eps, tpr,
+                                 rpb, stream)
+               : launch<T, false>((const T*)x, (const T*)w, (T*)y, rows, n, sx, sy, eps, tpr,
+                                  rpb, stream);
+}
+
+// dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES). tpr, rpb: threads a row
+// and rows a block (0: the defaults).
+extern "C" int rmsnorm(const void* x, const void* w, void* y, long long rows, int n,
+                       long long sx, long long sy, float eps, int dtype, int tpr, int rpb,
+                       cudaStream_t stream) {
+    switch (dtype) {
+        case 0: return dispatch<float>(x, w, y, rows, n, sx, sy, eps, tpr, rpb, stream);
+        case 1: return dispatch<__half>(x, w, y, rows, n, sx, sy, eps, tpr, rpb, stream);
+        case 2: return dispatch<__nv_bfloat16>(x, w, y, rows, n, sx, sy, eps, tpr, rpb, stream);
+    }
+    return (int)cudaErrorInvalidValue;
+}
+"""
+
+_lib = cuda_build.load(CUDA_SRC)
+
+
+def rmsnorm(x, weight, eps=1e-6, threads_per_row=THREADS_PER_ROW,
+            rows_per_block=ROWS_PER_BLOCK):
+    n = x.shape[-1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()  # the rows must be contiguous (a no-op when they are)
+    x2 = x.reshape(-1, n)  # a view for any x whose rows are evenly spaced
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if weight is not None and weight.stride(0) != 1:
+        weight = weight.contiguous()
+    if y.numel():
+        _lib.rmsnorm(x2, weight, y, x2.shape[0], n, x2.stride(0), y.stride(0), eps, x.dtype,
+                     threads_per_row, rows_per_block)
+    return y.view(x.shape)
+
+
+def kernel_fn(x, weight, eps=1e-6):
+    return rmsnorm(x, weight, eps)

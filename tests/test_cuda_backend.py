@@ -1,0 +1,220 @@
+"""
+The CUDA C++ backend on a machine without a GPU: every CUDA starter (kernels/cuda/<type>.py)
+compiles for the H100 (sm_90a) through the real build path in under a minute; a compile error is
+one line naming the kernel file's line; the dispatch guard still rejects torch compute ops and
+aliased outputs from a CUDA kernel file; bench.py refuses a CUDA kernel in one line and changes
+nothing; extract.py writes CUDA starters with the model's real shapes. Running the kernels needs
+a GPU (.device scripts); the compile tests skip without nvcc.
+
+    uv run pytest tests/test_cuda_backend.py
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import autokernel
+from autokernel import cuda_build
+from autokernel.child import Runner
+from autokernel.cli import UsageError, run_main
+from autokernel.contract import KernelFileError, check_module, load_module, plan
+from autokernel.results import COLUMNS
+
+CUDA_DIR = autokernel.KERNELS_DIR / "cuda"
+PLANTED = Path(__file__).resolve().parent / "planted_cuda"
+COMPILE_BUDGET_S = 60.0
+needs_nvcc = pytest.mark.skipif(not cuda_build.nvcc_available(),
+                                reason="nvcc (the CUDA toolkit) is not installed")
+GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
+               GIT_AUTHOR_NAME="cuda test", GIT_AUTHOR_EMAIL="cuda@test",
+               GIT_COMMITTER_NAME="cuda test", GIT_COMMITTER_EMAIL="cuda@test")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The nine starters and the planted kernels imported (so compiled) for sm_90a into a fresh
+    cache, two builds at a time: {file stem: module or the exception}, and the CPU seconds the
+    compilers took (nvcc and the host compiler are child processes; wall time would measure how
+    busy the machine is)."""
+    saved_cache, saved_arch = cuda_build.CACHE_DIR, os.environ.get("AUTOKERNEL_CUDA_ARCH")
+    cuda_build.CACHE_DIR = tmp_path_factory.mktemp("cuda_build")
+    os.environ["AUTOKERNEL_CUDA_ARCH"] = "90a"
+
+    def load(path):
+        try:
+            return load_module(path)
+        except Exception as e:  # noqa: BLE001  (each test reports its own file's failure)
+            return e
+
+    paths = sorted(CUDA_DIR.glob("*.py")) + sorted(PLANTED.glob("*.py"))
+    before = _children_cpu_s()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            modules = dict(zip((p.stem for p in paths), pool.map(load, paths)))
+        yield modules, _children_cpu_s() - before
+    finally:
+        cuda_build.CACHE_DIR = saved_cache
+        if saved_arch is None:
+            os.environ.pop("AUTOKERNEL_CUDA_ARCH", None)
+        else:
+            os.environ["AUTOKERNEL_CUDA_ARCH"] = saved_arch
+
+
+def _children_cpu_s():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel_type", autokernel.KERNEL_TYPE_NAMES)
+def test_cuda_starter_compiles_for_hopper_and_keeps_the_contract(built, kernel_type):
+    module = built[0][kernel_type]
+    if isinstance(module, Exception):
+        pytest.fail(f"kernels/cuda/{kernel_type}.py: {type(module).__name__}: {module}")
+    checked = check_module(module)
+    assert checked["kernel_type"] == kernel_type and checked["backend"] == "cuda"
+    launchers = [name for name in vars(module._lib) if not name.startswith("_")]
+    assert launchers, "no extern \"C\" launcher was bound"
+
+
+@needs_nvcc
+def test_all_nine_compile_within_a_minute(built):
+    """Within a minute of compiler time: one core does them all in under a minute."""
+    modules, seconds = built
+    assert all(not isinstance(modules[t], Exception) for t in autokernel.KERNEL_TYPE_NAMES)
+    assert seconds < COMPILE_BUDGET_S, f"compiling the CUDA starters took {seconds:.0f} s of CPU"
+
+
+@needs_nvcc
+def test_compile_error_is_one_line_with_the_kernel_files_line(built):
+    error = built[0]["compile_error"]
+    assert isinstance(error, cuda_build.CudaBuildError), error
+    message = str(error)
+    line = next(i for i, text in enumerate((PLANTED / "compile_error.py").read_text()
+                                           .splitlines(), start=1) if "undeclared_name;" in text)
+    assert "\n" not in message
+    assert f"compile_error.py line {line}: identifier \"undeclared_name\" is undefined" in message
+    log = Path(message.rsplit("full log: ", 1)[1].rstrip(")"))
+    assert "undeclared_name" in (log if log.is_absolute() else autokernel.ROOT / log).read_text()
+
+
+@needs_nvcc
+def test_guard_rejects_torch_math_and_aliases_in_a_cuda_kernel(built):
+    """The child's honesty checks do not depend on the backend: kernel_fn's torch compute ops
+    and outputs that alias an input are caught before any CUDA launch."""
+    x = torch.randn(4, 16, dtype=torch.float16)
+    buffer = torch.empty(4, dtype=torch.float16)
+    reply = Runner(built[0]["torch_sum"].kernel_fn).call({"x": x, "dim": -1}, float("nan"), buffer)
+    assert reply == {"status": "forbidden", "op": "aten.sum"}
+    reply = Runner(built[0]["returns_input"].kernel_fn).call({"x": x, "dim": -1}, float("nan"),
+                                                             buffer)
+    assert reply["aliases"] == ["x"]
+
+
+@needs_nvcc
+def test_a_launcher_takes_its_arguments_but_the_stream_and_cuda_tensors_only(built):
+    row_sums = built[0]["torch_sum"]._lib.row_sums  # (x, y, rows, n, dtype, stream)
+    assert row_sums.arity == 5 and row_sums.stream_at == 5
+    with pytest.raises(TypeError, match="row_sums takes 5 arguments"):
+        row_sums(1, 2)
+    with pytest.raises(ValueError, match="row_sums: const void\\* x is a cpu tensor"):
+        row_sums(torch.zeros(2), None, 1, 2, torch.float32)
+
+
+def test_launcher_signatures_are_read_from_the_source():
+    found = cuda_build.launchers('''
+        // extern "C" int commented_out(int x) {
+        extern "C" int scale(const float* x, float* y, float a, long long n, int dtype,
+                             cudaStream_t stream) { return 0; }
+    ''')
+    assert list(found) == ["scale"]
+    kinds = [kind for _, kind in found["scale"]]
+    assert kinds[:2] == ["ptr", "ptr"] and kinds[-1] == "stream"
+    with pytest.raises(cuda_build.CudaBuildError, match="cannot pass parameter 'Foo f'"):
+        cuda_build.launchers('extern "C" int bad(Foo f) { return 0; }')
+
+
+def test_first_error_maps_nvcc_logs_to_one_line():
+    log = ("[2/3] nvcc ... cuda.cu\nCUDA_SRC(57): error: identifier \"x\" is undefined\n"
+           "CUDA_SRC(60): error: later\n2 errors detected")
+    assert cuda_build.first_error(log, "kernel.py") == \
+        'kernel.py line 57: identifier "x" is undefined'
+    assert cuda_build.first_error("ptxas error   : Entry function 'k' uses too much shared "
+                                  "data", "kernel.py") == \
+        "kernel.py: Entry function 'k' uses too much shared data"
+
+
+def test_contract_takes_the_cuda_backend():
+    assert plan({"KERNEL_TYPE": "reduce", "BACKEND": "cuda"})["backend"] == "cuda"
+    with pytest.raises(KernelFileError, match="BACKEND 'opencl' is not supported"):
+        plan({"KERNEL_TYPE": "reduce", "BACKEND": "opencl"})
+
+
+def test_bench_refuses_a_cuda_kernel_in_one_line_and_changes_nothing(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("bench.py", "reference.py", ".gitignore"):
+        shutil.copy(autokernel.ROOT / name, repo / name)
+    for folder in ("autokernel", "kernels"):
+        shutil.copytree(autokernel.ROOT / folder, repo / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(CUDA_DIR / "reduce.py", repo / "kernel.py")
+    results = "\t".join(COLUMNS) + "\n"
+    (repo / "results.tsv").write_text(results)
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "init"]):
+        subprocess.run(["git", *args], cwd=repo, env=GIT_ENV, check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                          text=True).stdout
+    proc = subprocess.run([sys.executable, "bench.py", "-m", "try it"], cwd=repo, env=GIT_ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "CUDA C++ kernel" in proc.stderr and "needs an NVIDIA GPU" in proc.stderr
+    assert (repo / "results.tsv").read_text() == results
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True).stdout
+    assert status == "" and subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo,
+                                           capture_output=True, text=True).stdout == head
+    assert not (repo / "workspace" / "bench.lock").exists()  # refused before taking the lock
+
+
+def test_bench_refusal_covers_kernel_files_too():
+    import bench
+    if autokernel.CUDA:
+        pytest.skip("a GPU is present: bench.py judges CUDA kernels here")
+    with pytest.raises(UsageError, match="softmax.py is a CUDA C.. kernel"):
+        bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
+    bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
+                                                                "softmax.py")))
+
+
+def test_extract_writes_cuda_starters_with_real_shapes(tmp_path, capsys):
+    extract = load_module(autokernel.ROOT / "extract.py", "extract_cuda_under_test")
+    profile = {"model": "tiny", "dtype": "bf16", "device": "cuda", "input_shapes": [[2, 8]],
+               "total_op_us": 10.0, "entries": [
+                   {"name": "aten::softmax", "kernel_type": "softmax", "time_us": 6.0,
+                    "share": 0.6, "bound": "memory",
+                    "shape_detail": [{"shape": [4096, 50257], "time_us": 6.0}]}]}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    args = ["--profile", str(tmp_path / "profile.json"), "--workspace", str(tmp_path / "ws")]
+    assert run_main("extract.py", extract.main, args + ["--backend", "cuda"]) == 0
+    written = tmp_path / "ws" / "softmax_1.py"
+    text = written.read_text()
+    assert 'BACKEND = "cuda"' in text and "(4096, 50257)," in text and "CPU mode" not in text
+    saved_plan = json.loads((tmp_path / "ws" / "plan.json").read_text())
+    assert saved_plan["backend"] == "cuda" and saved_plan["kernels"][0]["backend"] == "cuda"
+    assert saved_plan["kernels"][0]["bench_shapes"] == [[4096, 50257]]
+    capsys.readouterr()
+    code = run_main("extract.py", extract.main,
+                    args + ["--backend", "cuda", "--kernels-dir", str(autokernel.KERNELS_DIR),
+                            "--force"])
+    err = capsys.readouterr().err
+    assert code == 1 and "is a triton kernel, not cuda" in err and err.count("\n") == 1
