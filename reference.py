@@ -27,14 +27,24 @@ def _opt_up(t):
     return None if t is None else t.to(ORACLE)
 
 
-# ---- matmul: A[M,K] @ B[K,N] (+ bias[N]) ----------------------------------------------------
-def matmul(A, B, bias=None):
+# ---- matmul: activation(A[M,K] @ B[K,N] (+ bias[N])), activation None or one of ACTIVATIONS --
+# The activations an MLP's first projection is followed by in real models, applied in the
+# GEMM's epilogue: GPT-2's gelu_new is gelu_tanh, BERT's gelu the erf-based one.
+ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+
+
+def _activate(x, activation):
+    return x if activation is None else ACTIVATIONS[activation](x)
+
+
+def matmul(A, B, bias=None, activation=None):
     out = A.to(ORACLE) @ B.to(ORACLE)
-    return (out if bias is None else out + bias.to(ORACLE)).to(A.dtype)
+    out = out if bias is None else out + bias.to(ORACLE)
+    return _activate(out, activation).to(A.dtype)
 
 
-def matmul_eager(A, B, bias=None):
-    return A @ B if bias is None else torch.addmm(bias, A, B)
+def matmul_eager(A, B, bias=None, activation=None):
+    return _activate(A @ B if bias is None else torch.addmm(bias, A, B), activation)
 
 
 # ---- softmax over the last dim --------------------------------------------------------------

@@ -393,6 +393,11 @@ def _rows(x):
 
 
 def _linear(swap, input, weight, bias=None):
+    return _project(swap, input, weight, bias)
+
+
+def _project(swap, input, weight, bias=None, activation=None):
+    """activation(F.linear(input, weight, bias)) on the matmul kernel, or FALLBACK."""
     if input.dtype not in FLOAT_DTYPES or weight.dtype != input.dtype or weight.dim() != 2 \
             or input.numel() == 0:
         return swap.fallback("matmul", "dtype or shape outside the contract")
@@ -400,12 +405,69 @@ def _linear(swap, input, weight, bias=None):
         return swap.fallback("matmul", "bias dtype or shape differs")
     A, N = _rows(input), weight.shape[0]
     if swap.weight_layout == "view":
-        out = swap.run("matmul", A=A, B=weight.t(), bias=bias)
+        out = swap.run("matmul", A=A, B=weight.t(), bias=bias, activation=activation)
     else:  # [K, N] padded to 16-byte rows: the kernel computes zero columns, the view drops them
         B = swap.weights.transposed(weight)
         out = swap.run("matmul", A=A, B=B, bias=swap.weights.padded_bias(bias, B.shape[1]),
-                       model_shape=(A.shape[0], N, A.shape[1]))[:, :N]
+                       activation=activation, model_shape=(A.shape[0], N, A.shape[1]))[:, :N]
     return out.view(*input.shape[:-1], N)
+
+
+def _conv1d_project(swap, input, conv, activation):
+    """transformers' Conv1D (weight [K, N], x @ W + bias) with the activation, or FALLBACK."""
+    W, bias = conv.weight, conv.bias
+    if input.dtype not in FLOAT_DTYPES or W.dtype != input.dtype or input.numel() == 0 \
+            or (bias is not None and bias.dtype != input.dtype):
+        return swap.fallback("matmul", "dtype or shape outside the contract")
+    out = swap.run("matmul", A=_rows(input), B=W.contiguous(), bias=bias, activation=activation)
+    return out.view(*input.shape[:-1], W.shape[1])
+
+
+# Activation modules that are the contract's activations (transformers' names included).
+GELU_MODULES = {"NewGELUActivation": "gelu_tanh", "GELUTanh": "gelu_tanh",
+                "PytorchGELUTanh": "gelu_tanh", "FastGELUActivation": "gelu_tanh",
+                "GELUActivation": "gelu"}
+
+
+def _activation_of(act):
+    if isinstance(act, nn.GELU):
+        return {"tanh": "gelu_tanh", "none": "gelu"}.get(act.approximate)
+    return GELU_MODULES.get(type(act).__name__)
+
+
+def _projection_act_module(swap, module):
+    """An MLP's first projection with its activation as one matmul call, the activation in the
+    kernel's epilogue. Two layouts whose forward is known: GPT-2's MLP (children c_fc, act,
+    c_proj and maybe dropout: dropout(c_proj(act(c_fc(x))))) and BERT's intermediate (dense,
+    intermediate_act_fn: act(dense(x)))."""
+    children, cls = set(dict(module.named_children())), type(module).__name__
+    if cls.endswith("MLP") and children in ({"c_fc", "act", "c_proj"},
+                                            {"c_fc", "act", "c_proj", "dropout"}):
+        proj, act = module.c_fc, module.act
+        after = [module.c_proj] + ([module.dropout] if "dropout" in children else [])
+    elif cls.endswith("Intermediate") and children == {"dense", "intermediate_act_fn"}:
+        proj, act, after = module.dense, module.intermediate_act_fn, []
+    else:
+        return None
+    activation = _activation_of(act)
+    if activation is None:
+        return f"skipped: activation {type(act).__name__} is not in the contract"
+    if isinstance(proj, nn.Linear):
+        project = lambda x: _project(swap, x, proj.weight, proj.bias, activation)  # noqa: E731
+    elif type(proj).__name__ == "Conv1D" and getattr(proj, "weight", None) is not None:
+        project = lambda x: _conv1d_project(swap, x, proj, activation)  # noqa: E731
+    else:
+        return "skipped: the projection is neither nn.Linear nor Conv1D"
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        h = FALLBACK if args or kwargs else project(x)
+        if h is FALLBACK:
+            return original(x, *args, **kwargs)
+        for m in after:
+            h = m(h)
+        return h
+    return forward
 
 
 def _addmm(swap, input, mat1, mat2, *, beta=1, alpha=1):
@@ -775,6 +837,7 @@ SWAP_RULES = {
     "matmul": SwapRule(functions={(F, "linear"): _linear, (torch, "addmm"): _addmm,
                                   (torch, "matmul"): _matmul, (T, "matmul"): _matmul,
                                   (T, "__matmul__"): _matmul},  # x @ W
+                       modules=(_projection_act_module,),
                        contract_shape=lambda t: (t["A"].shape[0], t["B"].shape[1],
                                                  t["A"].shape[1])),
     "softmax": SwapRule(functions={(F, "softmax"): _softmax_functional,

@@ -1,7 +1,7 @@
 """
-Starter kernel: matmul, C[M,N] = A[M,K] @ B[K,N] (+ bias[N]), in Triton.
+Starter kernel: matmul, C[M,N] = activation(A[M,K] @ B[K,N] (+ bias[N])), in Triton.
 
-    from kernels.matmul import kernel_fn; C = kernel_fn(A=A, B=B, bias=None)
+    from kernels.matmul import kernel_fn; C = kernel_fn(A=A, B=B, bias=None, activation=None)
     uv run bench.py            # after extract.py (or you) copied this file to kernel.py
 
 Three launch paths. All keep an fp32 accumulator per BLOCK_M x BLOCK_N tile of C, walk K in
@@ -34,6 +34,11 @@ memory. Each program loads the BLOCK_N bias values of its column block once, aft
 and adds them to the fp32 accumulator before the cast and the store: the sum is rounded once, as
 the fp64 oracle's is. HAS_BIAS is a constexpr: without a bias the load and add are compiled out
 (C stands in for the pointer).
+
+Activation (an MLP's first projection: GPT-2's gelu_tanh, BERT's erf gelu): applied to the fp32
+accumulator after the bias, before the cast, so the [M,N] pre-activation never goes through
+memory (eager and torch.compile write it and read it back for a separate elementwise kernel).
+ACTIVATION is a constexpr too: None compiles to nothing.
 
 fp32 inputs: tl.dot with input_precision="tf32x3" (each operand split into a tf32 high and low
 part, three tensor-core products, fp32 accumulate): ~1e-6 relative error, well inside the 1e-4
@@ -73,11 +78,22 @@ def _tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 
 @triton.jit
+def _activate(x, ACTIVATION: tl.constexpr):
+    """The epilogue's activation on the fp32 accumulator (after the bias, before the cast)."""
+    if ACTIVATION == "gelu_tanh":  # 0.5 x (1 + tanh(u)) = x - x / (exp(2u) + 1), which stays
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # finite where exp(2u) overflows
+        x = x - x / (tl.exp(2.0 * u) + 1.0)
+    elif ACTIVATION == "gelu":
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    return x
+
+
+@triton.jit
 def matmul_ptr_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
                       stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                      HAS_BIAS: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
     pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -101,6 +117,7 @@ def matmul_ptr_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
         b_ptrs += BLOCK_K * stride_bk
     if HAS_BIAS:  # the wrapped cols are valid addresses: no mask
         acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    acc = _activate(acc, ACTIVATION)
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -110,7 +127,8 @@ def matmul_ptr_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
 def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr):
+                      OUT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      ACTIVATION: tl.constexpr):
     # A_KMAJOR: a_desc describes A itself [M,K]; else it describes A^T [K,M] (A column-major).
     # B_KMAJOR: b_desc describes B^T [N,K] (B = W.t() of a row-major W); else B itself [K,N].
     pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -131,6 +149,7 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
     if HAS_BIAS:
         offs_n = off_n + tl.arange(0, BLOCK_N)
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    acc = _activate(acc, ACTIVATION)
     c_desc.store([off_m, off_n], acc.to(OUT_DTYPE))
 
 
@@ -139,7 +158,8 @@ def matmul_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, a_rs, b_
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, A_KMAJOR: tl.constexpr,
                              B_KMAJOR: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                             HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr,
+                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                             EPI_SPLIT: tl.constexpr,
                              NUM_PROGRAMS: tl.constexpr, DEVICE_DESC: tl.constexpr,
                              FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr):
     # One program per SM; program p computes tiles p, p + NUM_PROGRAMS, ... in grouped order.
@@ -187,6 +207,7 @@ def matmul_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, a_rs, b_
         if HAS_BIAS:
             offs_n = off_n + tl.arange(0, BLOCK_N)
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        acc = _activate(acc, ACTIVATION)
         if EPI_SPLIT == 2:
             left, right = acc.reshape(BLOCK_M, 2, EPI_N).permute(0, 2, 1).split()
             c_desc.store([off_m, off_n], left.to(OUT_DTYPE))
@@ -295,9 +316,9 @@ def _ensure_allocator():
         triton.set_allocator(_scratch)
 
 
-def matmul(A, B, bias=None, config=None, tma=None):
-    """A[M,K] @ B[K,N] (+ bias[N]) -> new C[M,N] in A's dtype. config/tma override the defaults
-    (tuning)."""
+def matmul(A, B, bias=None, activation=None, config=None, tma=None):
+    """activation(A[M,K] @ B[K,N] (+ bias[N])) -> new C[M,N] in A's dtype; activation None,
+    "gelu_tanh" or "gelu". config/tma override the defaults (tuning)."""
     M, K = A.shape
     K2, N = B.shape
     assert K == K2, f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}"
@@ -334,7 +355,8 @@ def matmul(A, B, bias=None, config=None, tma=None):
             matmul_persistent_kernel[(min(grid[0], n_sm),)](
                 a_arg, b_arg, c_arg, bias_arg, M, N, K, a_view.stride(0), b_view.stride(0),
                 C.stride(0), BM, BN, BK, cfg["GROUP_M"], A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
-                OUT_DTYPE=_TL_DTYPES[A.dtype], HAS_BIAS=has_bias, EPI_SPLIT=epi,
+                OUT_DTYPE=_TL_DTYPES[A.dtype], HAS_BIAS=has_bias, ACTIVATION=activation,
+                EPI_SPLIT=epi,
                 NUM_PROGRAMS=n_sm, DEVICE_DESC=device_desc,
                 FLATTEN=cfg.get("FLATTEN", False), WARP_SPEC=cfg.get("WARP_SPEC", False),
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -345,16 +367,18 @@ def matmul(A, B, bias=None, config=None, tma=None):
         matmul_tma_kernel[grid](a_desc, b_desc, c_desc, bias_arg, M, N, K, BM, BN, BK,
                                 cfg["GROUP_M"], A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
                                 OUT_DTYPE=_TL_DTYPES[A.dtype], PRECISION=precision,
-                                HAS_BIAS=has_bias, num_warps=cfg["num_warps"],
+                                HAS_BIAS=has_bias, ACTIVATION=activation,
+                                num_warps=cfg["num_warps"],
                                 num_stages=cfg["num_stages"])
     else:
         matmul_ptr_kernel[grid](A, B, C, bias_arg, M, N, K, A.stride(0), A.stride(1),
                                 B.stride(0), B.stride(1), C.stride(0), C.stride(1), BM, BN, BK,
                                 cfg["GROUP_M"], EVEN_K=K % BK == 0, PRECISION=precision,
-                                HAS_BIAS=has_bias, num_warps=cfg["num_warps"],
+                                HAS_BIAS=has_bias, ACTIVATION=activation,
+                                num_warps=cfg["num_warps"],
                                 num_stages=cfg["num_stages"])
     return C
 
 
-def kernel_fn(A, B, bias=None):
-    return matmul(A, B, bias)
+def kernel_fn(A, B, bias=None, activation=None):
+    return matmul(A, B, bias, activation)

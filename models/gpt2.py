@@ -50,10 +50,11 @@ class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.c_fc = nn.Linear(cfg.dim, 4 * cfg.dim)
+        self.act = nn.GELU(approximate="tanh")
         self.c_proj = nn.Linear(4 * cfg.dim, cfg.dim)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class Block(nn.Module):

@@ -107,3 +107,33 @@ def test_attention_runs_where_transformers_would_build_a_mask_while_compiling(na
             model(ids, attention_mask=torch.ones_like(ids))
     assert swap.fallbacks["flash_attention"]["attention mask"] == 1
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,want", [("gpt2", "gelu_tanh"), ("bert", "gelu"), ("ours", "gelu_tanh")])
+def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
+    """GPT-2's MLP (transformers' Conv1D and models/gpt2.py's nn.Linear) and BERT's intermediate:
+    the first projection and its GELU are one matmul call with the activation in the kernel;
+    the model's outputs still match."""
+    import reference
+    from autokernel.swap import Kernel, Swap
+    if name == "ours":
+        from models.gpt2 import GPT2, GPT2Config
+        torch.manual_seed(0)
+        model = GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=1, n_head=2, dim=32)).eval()
+    else:
+        model, _ = build(name)
+    seen = []
+
+    def fn(A, B, bias=None, activation=None):
+        seen.append(activation)
+        return reference.matmul_eager(A, B, bias, activation)
+    swap = Swap([Kernel("matmul", "matmul", autokernel.ROOT / "reference.py", fn)])
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model(ids)
+        want_out = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+        with swap.installed(model):
+            out = model(ids)
+    got = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+    assert seen.count(want) == 1 and not swap.fallbacks and not swap.skipped, (seen, swap.skipped)
+    torch.testing.assert_close(got, want_out, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,8 @@
 """
-Matmul C[M,N] = A[M,K] @ B[K,N] (+ bias[N]) in CUDA C++. Starter kernel for AutoKernel
-(BACKEND = "cuda"): fp32 accumulation, C in A's dtype, the bias added to the fp32 accumulator in
-the epilogue (C makes one trip through memory and is rounded once).
+Matmul C[M,N] = activation(A[M,K] @ B[K,N] (+ bias[N])) in CUDA C++. Starter kernel for
+AutoKernel (BACKEND = "cuda"): fp32 accumulation, C in A's dtype, the bias added to the fp32
+accumulator in the epilogue (C makes one trip through memory and is rounded once); the
+activation (None, "gelu_tanh", "gelu") in a second pass over C, for now.
 
 Three kernels, picked per call (`path` overrides it, for tuning and checks):
 
@@ -619,6 +620,37 @@ static int launch(const T* A, const T* B, const T* bias, T* C, int M, int N, int
     return (int)cudaGetLastError();
 }
 
+// activation(C) in place, element by element: 1 gelu_tanh (0.5 x (1 + tanh(u)) written as
+// x - x / (exp(2u) + 1), finite where exp overflows), 2 gelu (erf). C is rounded to T once before
+// it (the fp64 oracle rounds once, after): within the tolerance; fusing it into the GEMMs'
+// epilogue (store_pair) would save this second pass over C.
+template <typename T>
+__global__ void activate(T* C, long long n, int kind) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float x = to_f32(C[i]);
+        if (kind == 1) {
+            const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            x = x - x / (expf(2.f * u) + 1.f);
+        } else {
+            x = 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+        }
+        C[i] = from_f32<T>(x);
+    }
+}
+
+extern "C" int activate_inplace(void* C, long long n, int kind, int dtype, cudaStream_t stream) {
+    const unsigned blocks = (unsigned)min((n + 255) / 256, 65535LL);
+    switch (dtype) {
+        case 0: activate<float><<<blocks, 256, 0, stream>>>((float*)C, n, kind); break;
+        case 1: activate<__half><<<blocks, 256, 0, stream>>>((__half*)C, n, kind); break;
+        case 2: activate<__nv_bfloat16><<<blocks, 256, 0, stream>>>((__nv_bfloat16*)C, n, kind);
+                break;
+        default: return (int)cudaErrorInvalidValue;
+    }
+    return (int)cudaGetLastError();
+}
+
 // A: [M, K] rows lda apart (unit stride along K); B: element strides sbk (along K) and sbn
 // (along N); C: [M, N] rows ldc apart. path: 0 auto, 1 wgmma, 2 mma.sync, 3 CUDA cores.
 // dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES).
@@ -641,8 +673,12 @@ extern "C" int matmul(const void* A, const void* B, const void* bias, void* C, i
 _lib = cuda_build.load(CUDA_SRC)
 
 
-def matmul(A, B, bias=None, path="auto"):
-    """A[M,K] @ B[K,N] (+ bias[N]) -> new C[M,N] in A's dtype. path: auto, wgmma, mma, simt."""
+ACTIVATIONS = {"gelu_tanh": 1, "gelu": 2}
+
+
+def matmul(A, B, bias=None, activation=None, path="auto"):
+    """activation(A[M,K] @ B[K,N] (+ bias[N])) -> new C[M,N] in A's dtype. path: auto, wgmma,
+    mma, simt."""
     M, K = A.shape
     K2, N = B.shape
     if K != K2:
@@ -655,8 +691,10 @@ def matmul(A, B, bias=None, path="auto"):
     if C.numel():
         _lib.matmul(A, B, bias, C, M, N, K, A.stride(0), B.stride(0), B.stride(1), C.stride(0),
                     A.dtype, PATHS[path])
+        if activation is not None:
+            _lib.activate_inplace(C, C.numel(), ACTIVATIONS[activation], A.dtype)
     return C
 
 
-def kernel_fn(A, B, bias=None):
-    return matmul(A, B, bias)
+def kernel_fn(A, B, bias=None, activation=None):
+    return matmul(A, B, bias, activation)

@@ -1,5 +1,5 @@
-"""Test kernel (verify.py's tests): tiled matmul C = A @ B (+ bias), fp32 accumulator, any
-strides."""
+"""Test kernel (verify.py's tests): tiled matmul C = activation(A @ B (+ bias)), fp32
+accumulator, any strides."""
 import torch
 import triton
 import triton.language as tl
@@ -10,7 +10,7 @@ BLOCK = 32
 
 @triton.jit
 def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, sam, sak, sbk, sbn, HAS_BIAS: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+            ACTIVATION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -24,15 +24,20 @@ def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, sam, sak, sbk, sbn, HAS_BIAS
         acc = tl.dot(a, b, acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION == "gelu_tanh":
+        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc - acc / (tl.exp(2.0 * u) + 1.0)
+    elif ACTIVATION == "gelu":
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def kernel_fn(A, B, bias=None):
+def kernel_fn(A, B, bias=None, activation=None):
     M, K = A.shape
     N = B.shape[1]
     C = torch.empty((M, N), device=A.device, dtype=A.dtype)
     grid = (triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))
     _matmul[grid](A, B, C, C if bias is None else bias, M, N, K, A.stride(0), A.stride(1),
-                  B.stride(0), B.stride(1), HAS_BIAS=bias is not None, BM=BLOCK, BN=BLOCK,
+                  B.stride(0), B.stride(1), HAS_BIAS=bias is not None, ACTIVATION=activation, BM=BLOCK, BN=BLOCK,
                   BK=BLOCK)
     return C
