@@ -801,6 +801,33 @@ def _gate_up(g, u):
     return None
 
 
+def projection_gelu(n, values):
+    """gelu(F.linear(x, W, b)) or gelu(torch.addmm(b, x, W)) (transformers' Conv1D), the GELU
+    the projection's only reader: matmul (M, N, K) with the activation in its epilogue
+    ({"activation": "gelu_tanh" | "gelu"}, and {"bias": True} with a bias)."""
+    if op(n) != "gelu" or not isinstance(arg(n, 0), Node):
+        return None
+    p = n.args[0]
+    if _sole_user(p) is not n or shape(p) is None:
+        return None
+    if op(p) == "linear":
+        x, bias = arg(p, 0), arg(p, 2, "bias")
+    elif op(p) == "addmm" and arg(p, 3, "beta", 1) == 1 and arg(p, 4, "alpha", 1) == 1:
+        bias, x = arg(p, 0), arg(p, 1)
+    else:
+        return None
+    if shape(x) is None:
+        return None
+    approximate = arg(n, 1, "approximate", "none")
+    activation = {"tanh": "gelu_tanh", "none": "gelu"}.get(approximate)
+    if activation is None:
+        return None
+    M, K = _rows(x)
+    m = Match("matmul", n, [n, p], shape=(M, shape(p)[-1], K))
+    m.variant = {"activation": activation, **({"bias": True} if bias is not None else {})}
+    return m
+
+
 def rotary(n, values):
     """Rotary embedding: half-split (x * cos + rotate_half(x) * sin, with rotate_half as
     cat(-x2, x1); or cat(x1*cos - x2*sin, x2*cos + x1*sin)) is rotary_embedding (B, H, S, D);
@@ -1022,4 +1049,5 @@ def softmax(n, values):
     return Match("softmax", n, nodes, _rows(x))
 
 
-PATTERNS = [attention, cross_entropy, fused_mlp, rotary, layernorm, rmsnorm, softmax]
+PATTERNS = [attention, cross_entropy, fused_mlp, projection_gelu, rotary, layernorm, rmsnorm,
+            softmax]

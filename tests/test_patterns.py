@@ -277,3 +277,33 @@ def test_transformers_llama_profiles_as_before_plus_its_rotary(monkeypatch):
     attention = [e for e in eager["entries"] if e["kernel_type"] == "flash_attention"]
     assert [(e["name"], e["shapes"], e["shape_detail"][0]["variant"]) for e in attention] == [
         ("LlamaAttention", [[2, 4, 12, 8]], {"kv_groups": 4})]
+
+
+def test_a_projection_followed_by_gelu_is_a_matmul_with_the_activation_variant():
+    """GPT-2's MLP (models/gpt2.py: nn.Linear then nn.GELU(approximate="tanh")) and a Conv1D-style
+    addmm then the erf GELU: matmul shapes recorded with their epilogue variant, which extract
+    then times (BENCH_VARIANT); a GELU whose input has another reader is not fused."""
+    from models import gpt2
+
+    class Conv1DMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(16, 40)), nn.Parameter(torch.randn(40))
+            self.w2 = nn.Parameter(torch.randn(16, 40))
+
+        def forward(self, x):
+            h = torch.addmm(self.b, x.view(-1, 16), self.w)
+            shared = x.view(-1, 16) @ self.w2
+            return F.gelu(h).sum() + (F.gelu(shared) + shared).sum()
+
+    cfg = gpt2.GPT2Config(vocab_size=96, max_seq=64, n_layer=1, n_head=2, dim=32)
+    result = run_profile(gpt2.GPT2(cfg).eval(), (torch.randint(0, 96, (2, 8)),))
+    variants = {tuple(d["shape"]): d["variant"] for e in result["entries"]
+                if e["kernel_type"] == "matmul" for d in e["shape_detail"]}
+    assert variants[(16, 128, 32)] == {"activation": "gelu_tanh", "bias": True}
+    assert variants[(16, 32, 128)] == {"bias": True}  # c_proj: no activation after it
+    result = run_profile(Conv1DMLP().eval(), (torch.randn(3, 16),))
+    variants = [d["variant"] for e in result["entries"] if e["kernel_type"] == "matmul"
+                for d in e["shape_detail"]]
+    assert {"activation": "gelu", "bias": True} in variants
+    assert not any(v.get("activation") and not v.get("bias") for v in variants)

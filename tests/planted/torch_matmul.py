@@ -3,6 +3,6 @@ KERNEL_TYPE = "matmul"
 BENCH_SHAPES = [(16, 16, 16)]
 
 
-def kernel_fn(A, B, bias=None):
+def kernel_fn(A, B, bias=None, activation=None):
     out = A @ B
     return out if bias is None else out + bias
