@@ -78,6 +78,9 @@ def kept_kernels(plan, rows, log=print):
         ok, why = regate.kept_version(path, name, rows)
         if ok is False:
             raise UsageError(f"{why}: restore its kept version before exporting", code=1)
+        if ok and read_file_attrs(path)[0].get("BACKEND") == "cuda":
+            # it builds through autokernel/cuda_build.py, which the package does not carry
+            ok, why = None, f"{why}; a CUDA C++ kernel, which the package cannot build yet"
         log(f"  {name}: {why}" + ("" if ok else ": left out"))
         if ok:
             kept.append(ShippedKernel(name, entry["kernel_type"], path,

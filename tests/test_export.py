@@ -288,3 +288,21 @@ def test_imports_of_autokernel_become_package_relative():
 def test_a_name_the_package_does_not_carry_is_named(source, named):
     with pytest.raises(UsageError, match=named):
         package_relative(source, "x.py", {"KERNEL_TYPES", "rel"})
+
+
+def test_a_kept_cuda_kernel_is_left_out_with_the_reason(tmp_path):
+    """The package cannot build CUDA C++ (autokernel/cuda_build.py stays behind): a kept CUDA
+    kernel is listed as left out, never shipped to fail at import."""
+    from autokernel.export import kept_kernels
+    from autokernel.results import read_rows
+    cuda = tmp_path / "reduce_1.py"
+    cuda.write_text((ROOT / "kernels" / "cuda" / "reduce.py").read_text())
+    plan = {"kernels": [{"name": "reduce_1", "kernel_type": "reduce", "file": str(cuda),
+                         "shapes": [[32, 32]]}]}
+    results = tmp_path / "results.tsv"
+    append_row({"experiment": 1, "tag": "reduce_1", "kernel_type": "reduce", "latency_us": 9.0,
+                "correctness": "PASS", "status": "keep", "commit": "abc1234",
+                "kernel_sha256": digest(cuda.read_bytes())}, results)
+    lines = []
+    assert kept_kernels(plan, read_rows(results), log=lines.append) == []
+    assert "CUDA C++ kernel" in lines[0] and lines[0].endswith("left out"), lines
