@@ -95,13 +95,20 @@ def _make_rmsnorm(shape, dtype, device, gen, eps=1e-6, affine=True):
             "weight": _affine_weight(N, dtype, device, gen) if affine else None, "eps": eps}
 
 
-def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=None):
+def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=None,
+                    layout="bhsd"):
     """H in the shape is the query heads; kv_groups query heads share a key/value head (the
-    largest divisor of H not above kv_groups, so every shape takes every variant)."""
+    largest divisor of H not above kv_groups, so every shape takes every variant). layout
+    "bshd": each tensor a [B,S,H,D] buffer seen as [B,H,S,D] through .transpose(1, 2), as a
+    model's q/k/v projections leave them (the swap passes them so, uncopied)."""
     B, H, S, D = shape
     groups = max(g for g in range(1, kv_groups + 1) if H % g == 0)
-    q = _randn((B, H, S, D), dtype, device, gen)
-    k, v = (_randn((B, H // groups, S, D), dtype, device, gen) for _ in range(2))
+
+    def make(heads):
+        if layout == "bshd":
+            return _randn((B, S, heads, D), dtype, device, gen).transpose(1, 2)
+        return _randn((B, heads, S, D), dtype, device, gen)
+    q, k, v = make(H), make(H // groups), make(H // groups)
     return {"Q": q, "K": k, "V": v, "causal": causal, "scale": scale}
 
 
@@ -386,7 +393,8 @@ KERNEL_TYPES = {k.name: k for k in [
         bytes=lambda s, dt: 4 * s[0] * s[1] * s[2] * s[3] * _es(dt),
         bound="compute", uses_dot=True,
         variants=({}, {"causal": False}, {"kv_groups": 4},
-                  {"causal": False, "kv_groups": 2, "scale": 0.3}),
+                  {"causal": False, "kv_groups": 2, "scale": 0.3},
+                  {"kv_groups": 4, "layout": "bshd"}),
         gpu_shapes=_shape_sets((2, 32, 2048, 128),
                                [(1, 8, 128, 64), (1, 16, 512, 64), (2, 16, 1024, 128),
                                 (2, 32, 2048, 128), (1, 32, 4096, 64), (4, 12, 1024, 64),

@@ -512,9 +512,16 @@ def _sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
         reason = "head counts differ"
     if reason:
         return swap.fallback("flash_attention", reason)
-    return swap.run("flash_attention", Q=query.contiguous(), K=key.contiguous(),
-                    V=value.contiguous(), causal=bool(is_causal),
-                    scale=None if scale is None else float(scale))
+    return swap.run("flash_attention", Q=_heads(query), K=_heads(key), V=_heads(value),
+                    causal=bool(is_causal), scale=None if scale is None else float(scale))
+
+
+def _heads(t):
+    """t [B,H,S,D] as the contract takes it: contiguous, or a [B,S,H,D] buffer seen through
+    .transpose(1, 2) (a projection's output viewed as heads, passed without a copy); any other
+    layout is copied."""
+    B, H, S, D = t.shape
+    return t if t.is_contiguous() or t.stride() == (S * H * D, D, H * D, 1) else t.contiguous()
 
 
 def _norm_rows(input, normalized_shape, *params):

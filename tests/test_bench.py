@@ -65,6 +65,7 @@ PLANTED_CASES = {
     "returns_input": ([], "FAIL", "shares memory with input x"),
     "writes_input": ([], "FAIL", "modified its input x"),
     "nondeterministic": ([], "FAIL", "non-deterministic"),
+    "attention_contiguous_only": ([], "FAIL", "layout=bshd"),
 }
 
 

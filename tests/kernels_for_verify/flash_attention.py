@@ -1,6 +1,6 @@
 """Test kernel (verify.py's tests): attention with an online softmax, one program per
 (batch*query head, query block); causal or not, any scale, grouped-query heads (query head h
-reads key/value head h // (Hq / Hkv))."""
+reads key/value head h // (Hq / Hkv)); any strides of B, H and S."""
 import math
 
 import torch
@@ -12,15 +12,15 @@ BLOCK = 16
 
 
 @triton.jit
-def _attention(q_ptr, k_ptr, v_ptr, o_ptr, Hq, Hkv, S, D, scale, CAUSAL: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+def _attention(q_ptr, k_ptr, v_ptr, o_ptr, Hq, Hkv, S, D, scale, sqb, sqh, sqs, skb, skh, sks,
+               svb, svh, svs, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BD: tl.constexpr):
     bh = tl.program_id(1)
     b, h = bh // Hq, bh % Hq
-    kv_base = (b * Hkv + h // (Hq // Hkv)) * S * D
-    base = bh * S * D
+    kv_h = h // (Hq // Hkv)
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
-    q = tl.load(q_ptr + base + rm[:, None] * D + rd[None, :],
+    q = tl.load(q_ptr + b * sqb + h * sqh + rm[:, None] * sqs + rd[None, :],
                 mask=(rm[:, None] < S) & (rd[None, :] < D), other=0.0)
     m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BM,), dtype=tl.float32)
@@ -29,8 +29,10 @@ def _attention(q_ptr, k_ptr, v_ptr, o_ptr, Hq, Hkv, S, D, scale, CAUSAL: tl.cons
     for start in range(0, hi, BN):
         rn = start + tl.arange(0, BN)
         kv_mask = (rn[:, None] < S) & (rd[None, :] < D)
-        k = tl.load(k_ptr + kv_base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + kv_base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_ptr + b * skb + kv_h * skh + rn[:, None] * sks + rd[None, :], mask=kv_mask,
+                    other=0.0)
+        v = tl.load(v_ptr + b * svb + kv_h * svh + rn[:, None] * svs + rd[None, :], mask=kv_mask,
+                    other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
         keep = rn[None, :] < S
         if CAUSAL:
@@ -43,15 +45,17 @@ def _attention(q_ptr, k_ptr, v_ptr, o_ptr, Hq, Hkv, S, D, scale, CAUSAL: tl.cons
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / l_i[:, None]
-    tl.store(o_ptr + base + rm[:, None] * D + rd[None, :], out,
+    tl.store(o_ptr + bh * S * D + rm[:, None] * D + rd[None, :], out,
              mask=(rm[:, None] < S) & (rd[None, :] < D))
 
 
 def kernel_fn(Q, K, V, causal=True, scale=None):
     B, Hq, S, D = Q.shape
-    O = torch.empty_like(Q)
+    Q, K, V = (t if t.stride(-1) == 1 else t.contiguous() for t in (Q, K, V))
+    O = torch.empty((B, Hq, S, D), device=Q.device, dtype=Q.dtype)
     grid = (triton.cdiv(S, BLOCK), B * Hq)
     _attention[grid](Q, K, V, O, Hq, K.shape[1], S, D,
-                     1.0 / math.sqrt(D) if scale is None else scale, CAUSAL=bool(causal),
+                     1.0 / math.sqrt(D) if scale is None else scale, *Q.stride()[:3],
+                     *K.stride()[:3], *V.stride()[:3], CAUSAL=bool(causal),
                      BM=BLOCK, BN=BLOCK, BD=max(16, triton.next_power_of_2(D)))
     return O
