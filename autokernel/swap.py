@@ -792,10 +792,10 @@ def _hf_mask_patches(swap, model):
     """transformers lets SDPA's is_causal do the masking when nothing is padded, and builds a full
     mask otherwise (which no flash kernel takes). While dynamo traces, torch before 2.14 answers
     torch.compiler.is_exporting() with True, so transformers builds the mask in every compiled
-    forward. Where its skip depends on shapes alone (no padding mask, no sliding window reached;
-    the offsets' values never enter it), the patched checks answer as the eager forward does;
-    otherwise, or where transformers' signature is not the one known here, the original
-    decides."""
+    forward. Where its skip depends on shapes alone (no padding mask, no sliding window reached,
+    an int offset: a tensor one means a static cache), the patched checks answer as the eager
+    forward does; otherwise, or where transformers' signature is not the one known here, the
+    original decides."""
     masking = sys.modules.get("transformers.masking_utils")
     if masking is None:
         return []
@@ -805,7 +805,8 @@ def _hf_mask_patches(swap, model):
 
     def ignore_causal(padding_mask, q_length, kv_length, q_offset, kv_offset,
                       local_attention_size=None, _original=None):
-        if padding_mask is None and no_window(kv_length, local_attention_size):
+        if padding_mask is None and not isinstance(q_offset, torch.Tensor) \
+                and no_window(kv_length, local_attention_size):
             return q_length == 1 or kv_length == q_length
         return _original(padding_mask, q_length, kv_length, q_offset, kv_offset,
                          local_attention_size)
