@@ -461,19 +461,18 @@ def attribute_compiled(used, timing, compiled_run, steps):
     no gain."""
     if len(used) > 1:
         steps["total"] += len(used)
-        for k, e in used:
-            run = compiled_run([k], f"torch.compile of the model with {k.name}")
-            c = run["correctness"]
-            e["compile_alone_ms"] = run["ms"]
-            if run["ms"] is not None and (c is None or c["passed"]):
-                e["compile_gain_ms"] = timing["compile_ms"] - run["ms"]
-            else:
-                e["compile_alone_note"] = run["note"] if run["ms"] is None else \
-                    f"outputs mismatch: {describe_mismatch(c)}"
-    else:
-        e = used[0][1]
-        e["compile_alone_ms"] = timing["compile_kernels_ms"]
-        e["compile_gain_ms"] = timing["compile_ms"] - timing["compile_kernels_ms"]
+        runs = [compiled_run([k], f"torch.compile of the model with {k.name}") for k, _ in used]
+    else:  # alone is all of them: the run already made
+        runs = [{"ms": timing["compile_kernels_ms"], "note": timing["compile_kernels_note"],
+                 "correctness": timing["compile_kernels_correctness"]}]
+    for (k, e), run in zip(used, runs):
+        c = run["correctness"]
+        e["compile_alone_ms"] = run["ms"]
+        if run["ms"] is not None and (c is None or c["passed"]):
+            e["compile_gain_ms"] = timing["compile_ms"] - run["ms"]
+        else:
+            e["compile_alone_note"] = run["note"] if run["ms"] is None else \
+                f"outputs mismatch: {describe_mismatch(c)}"
     gainers = [k for k, e in used if (e["compile_gain_ms"] or 0) > 0]
     timing["compile_gainers"] = [k.name for k in gainers]
     if gainers and len(gainers) < len(used):
