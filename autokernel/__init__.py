@@ -16,7 +16,9 @@ sys.modules here. Everything else lives in a module with one job:
     regate        the morning re-check               swap       how a kernel gets into a model
     endtoend      running and timing whole models    recognize  which kernel type an op is
     patterns      which kernel type a computation in the captured graph is, whoever wrote it
-    night         per-kernel stats, Amdahl            gpus       datasheet peaks
+    night         per-kernel stats, Amdahl            gpus       datasheet peaks; is_rocm()
+    ops           a kernel file as a torch custom op  cuda_build CUDA C++ sources compiled
+    export        the package export.py writes        kernelbench(_score, _setup) KernelBench
     cli, git      one-line errors; the one git wrapper
 
 `autokernel.KERNEL_TYPES`, `autokernel.CUDA` and the other names of kernel_types are reachable
