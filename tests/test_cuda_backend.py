@@ -121,12 +121,13 @@ def test_guard_rejects_torch_math_and_aliases_in_a_cuda_kernel(built):
 
 @needs_nvcc
 def test_a_launcher_takes_its_arguments_but_the_stream_and_cuda_tensors_only(built):
-    row_sums = built[0]["torch_sum"]._lib.row_sums  # (x, y, rows, n, dtype, stream)
-    assert row_sums.arity == 5 and row_sums.stream_at == 5
-    with pytest.raises(TypeError, match="row_sums takes 5 arguments"):
-        row_sums(1, 2)
-    with pytest.raises(ValueError, match="row_sums: const void\\* x is a cpu tensor"):
-        row_sums(torch.zeros(2), None, 1, 2, torch.float32)
+    # The starter's reduce_sum(x, y, outer, r, inner, dtype, tpr, rpb, stream)
+    reduce_sum = built[0]["reduce"]._lib.reduce_sum
+    assert reduce_sum.arity == 8 and reduce_sum.stream_at == 8
+    with pytest.raises(TypeError, match="reduce_sum takes 8 arguments"):
+        reduce_sum(1, 2)
+    with pytest.raises(ValueError, match="reduce_sum: const void\\* x is a cpu tensor"):
+        reduce_sum(torch.zeros(2), None, 1, 2, 1, torch.float32, 0, 0)
 
 
 def test_launcher_signatures_are_read_from_the_source():
