@@ -317,7 +317,12 @@ class ChildRunner:
 
     def receive(self, limit_s):
         left = self.deadline - time.monotonic()
-        wait = max(0.0, min(limit_s, left))
+        # The judge's own work (inputs, the oracle) counts against the limit too: once it is
+        # spent, a reply already waiting does not stretch it.
+        if left <= 0:
+            raise ChildGone("TIMEOUT", f"exceeded the {self.total_limit:g} s wall-clock limit "
+                                       f"during {self.stage}")
+        wait = min(limit_s, left)
         try:
             ready = self.conn.poll(wait)
             data = self.conn.recv_bytes(maxlength=1 << 20) if ready else None

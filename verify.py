@@ -72,7 +72,8 @@ Writes workspace/verify.json (--out to change):
                    "max_abs_err", "rel_err", "tolerance", "top1", "top1_tie_aware", "top1_min",
                    "loss_rel_err" (models returning a loss), "passed", "error"},
    "timing": {"method", "cuda_graphs": bool, "warmup", "repeat", "eager_ms", "compile_ms",
-              "compile_note", "kernels_ms", "gainers": [names of kernels whose alone_ms beat eager],
+              "compile_note", "compile_correctness": {the "correctness" keys: torch.compile
+              of the original against the original} | null, "kernels_ms", "gainers": [names of kernels whose alone_ms beat eager],
               "gainers_ms": float | null (the gainers together, when some kernels lose),
               "compile_kernels_ms": float | null (torch.compile of the model with the kernels
                                    inside, each a custom op; timed when compile_ms is),
@@ -338,6 +339,7 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
     timing = {"method": method if autokernel.CUDA else
               "perf_counter, median (CPU interpreter: not meaningful)", "cuda_graphs": graphs,
               "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None,
+              "compile_correctness": None,
               "compile_kernels_ms": None, "graph_breaks": None, "compile_kernels_calls": None,
               "compile_kernels_correctness": None, "compile_kernels_note": None,
               "compile_gainers": None, "compile_gainers_ms": None,
@@ -378,6 +380,9 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
         try:
             compiled = torch.compile(model, backend=backend)
             forward(compiled, inputs)  # compile outside the timed runs
+            if run_ref is not None:  # the baseline is only a baseline if its outputs are right
+                timing["compile_correctness"] = compare_runs(checked_forward(compiled, inputs),
+                                                             run_ref)
             timing["compile_ms"] = progress("torch.compile of the original model", time_forward(
                 compiled, inputs, warmup, repeat, graphs))
             timing["compile_note"] = f"torch.compile(backend={backend!r})"
@@ -576,6 +581,9 @@ def print_report(r):
               f"kernels {t['kernels_ms']:.3f} ms{note}")
         if t["compile_ms"] is None:
             print(f"torch.compile: {t['compile_note']}")
+        elif t.get("compile_correctness") and not t["compile_correctness"]["passed"]:
+            print("warning: torch.compile of the original model does not match the original: "
+                  f"{describe_mismatch(t['compile_correctness'])}")
         print_compile_kernels(t)
         vs_compile = "n/a" if r["speedup_vs_compile"] is None else \
             f"{r['speedup_vs_compile']:.3f}x"

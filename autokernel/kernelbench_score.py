@@ -25,8 +25,10 @@ The JSON (--out) holds {"device", "dtype", "timing_valid", "compile_mode", "n", 
 "solution", "seconds"}]}.
 """
 import contextlib
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,7 +116,11 @@ def judge(name, problem, solution, dtype, timeout, call_timeout, compile_mode):
         return dict(row, verdict="error", reason=str(e))
     row["oracle"] = plan["oracles"][plan["dtype"]]["note"]
     try:
-        outcome = run_solution(solution, plan, timeout, call_timeout)
+        with wall_limit(timeout + GRACE_S):
+            outcome = run_solution(solution, plan, timeout, call_timeout)
+    except RowTimeout:
+        outcome = {"correctness": "TIMEOUT", "reason": f"exceeded the {timeout:g} s wall-clock "
+                   "limit (the judge's work on its inputs and oracle included)"}
     finally:
         if ak.CUDA:
             torch.cuda.empty_cache()
@@ -128,6 +134,35 @@ def judge(name, problem, solution, dtype, timeout, call_timeout, compile_mode):
                    speedup_vs_eager=base["speedup_vs_pytorch"],
                    speedup_vs_compile=base["speedup_vs_compile"])
     return row
+
+
+class RowTimeout(Exception):
+    """A solution's judgement ran past its wall-clock limit."""
+
+
+# The child's waits end at the limit with the stage named; the alarm is the backstop for the
+# judge's own work between two replies (a 9 GB problem's inputs and float64 oracle, the checks).
+GRACE_S = 15.0
+
+
+@contextlib.contextmanager
+def wall_limit(seconds):
+    """Raise RowTimeout in this (main) thread after `seconds`, wherever it is; elsewhere, or
+    without setitimer, no limit."""
+    if threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def ring(signum, frame):
+        raise RowTimeout()
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_solution(solution, plan, timeout, call_timeout):

@@ -42,6 +42,7 @@ The rules (SWAP_RULES, one entry per kernel type):
 """
 import contextlib
 import functools
+import importlib
 import inspect
 import math
 import sys
@@ -267,6 +268,7 @@ class Swap:
         # every later torch.compile). The swap's handlers ask torch.compiler.is_compiling(),
         # which imports it: import it here, before anything is patched.
         import torch._dynamo  # noqa: F401
+        _known_to_the_compiler(self.compiled)
         patches, swapped = [], set()
         for ktype, rule in SWAP_RULES.items():
             if self.active(ktype):
@@ -300,6 +302,24 @@ class Swap:
                     setattr(owner, attr, old)
                 else:  # inherited (a class's forward, TensorBase's methods): uncover it again
                     delattr(owner, attr)
+
+
+def _known_to_the_compiler(inductor):
+    """Dynamo builds its tables of torch's functions and Tensor's methods (by identity) on first
+    use, and inductor's GEMM lowerings keep torch.addmm & co. as their fallback kernels when
+    first imported; both last for the process. Built while a swap has F.linear, torch.addmm or
+    Tensor.matmul patched, they would hold the swap's wrappers: the real functions become
+    unknown builtins to every later trace (a graph break at each call), and inductor's compiled
+    code calls a wrapper that ignores its out= buffer (wrong outputs, or no `addmm` at all).
+    Build them before anything is patched; inductor only for a swap meant for torch.compile
+    (importing it costs seconds)."""
+    rules = getattr(torch._dynamo, "trace_rules", None)
+    for table in ("get_torch_obj_rule_map", "get_tensor_method"):
+        build = getattr(rules, table, None)
+        if callable(build):
+            build()
+    if inductor:
+        importlib.import_module("torch._inductor.lowering")  # it imports inductor's kernel/
 
 
 def pluggable_types(model, forward):
@@ -823,7 +843,43 @@ def _hf_mask_patches(swap, model):
         known = list(inspect.signature(check).parameters)[:-1]
         if callable(original) and list(inspect.signature(original).parameters) == known:
             patches.append((masking, name, functools.partial(check, _original=original)))
-    return patches
+    return patches + _hf_packed_patches(masking, model)
+
+
+def _hf_packed_patches(masking, model):
+    """With no attention mask, transformers looks for packed sequences (positions restarting
+    inside a row) by reading position_ids: a value read that dynamo cannot trace, so every
+    compiled forward builds the full mask. Where the model numbered the tokens itself (the
+    caller passed no position_ids: the model's forward takes arange + past length), no row is
+    packed, and the patched check says so without reading anything; position_ids the caller
+    passed are still read by the original check."""
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if not callable(original):
+        return []
+    numbered = []  # one entry per mask-building forward running: did it number the tokens?
+
+    def find_packed_sequence_indices(position_ids):
+        return None if numbered and numbered[-1] else original(position_ids)
+
+    def numbering(forward, index):
+        def wrapper(*args, **kwargs):
+            given = args[index] if len(args) > index else kwargs.get("position_ids")
+            numbered.append(given is None)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                numbered.pop()
+        return wrapper
+
+    patches = []
+    for module in model.modules():  # the forwards that build the mask from their position_ids
+        code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
+        params = list(inspect.signature(module.forward).parameters)
+        if code is not None and "create_causal_mask" in code.co_names and "position_ids" in params:
+            patches.append((module, "forward", numbering(module.forward,
+                                                         params.index("position_ids"))))
+    return patches + [(masking, "find_packed_sequence_indices", find_packed_sequence_indices)] \
+        if patches else []
 
 
 def _first_arg_shape(inputs):

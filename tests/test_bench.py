@@ -554,3 +554,24 @@ def test_the_keep_rule_weighs_gain_against_the_paired_rounds_noise():
     # one noisy round widens the noise: a 3% gain then is not enough
     keep, _, _, why = keep_rule([9.7, 9.7, 9.7, 9.7, 11.0], [10.0] * 5)
     assert not keep and "within" in why
+
+
+def test_the_wall_clock_limit_counts_the_judges_own_work():
+    """The limit bounds the whole judgement: once the judge's own work (inputs, the oracle)
+    has spent it, the next request is a TIMEOUT even though the child answers at once."""
+    import time
+    import bench
+    runner = bench.ChildRunner(autokernel.ROOT / "kernels" / "reduce.py",
+                               time.monotonic() + 300, 300)
+    try:
+        assert runner.start()["status"] != "import_failed"
+        runner.ping()  # within the limit: answered
+        runner.deadline = time.monotonic() - 1  # as if the oracle had taken the rest
+        runner.at("stage 2 (the oracle's inputs)")
+        with pytest.raises(bench.ChildGone) as gone:
+            runner.ping()
+        assert gone.value.correctness == "TIMEOUT"
+        assert "exceeded the 300 s wall-clock limit during stage 2" in gone.value.why
+    finally:
+        runner.stop()
+        bench.ChildRunner.started.remove(runner)

@@ -137,3 +137,28 @@ def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     got = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
     assert seen.count(want) == 1 and not swap.fallbacks and not swap.skipped, (seen, swap.skipped)
     torch.testing.assert_close(got, want_out, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_runs_inside_a_compiled_decoder_unless_the_batch_is_packed():
+    """Without an attention mask transformers reads position_ids for packed sequences, which
+    dynamo cannot trace, and builds the full mask in every compiled forward. When the model
+    numbered the tokens itself no row is packed and attention runs on the kernel in one graph;
+    position_ids the caller passes (here two sequences packed in one row) still build the mask."""
+    from autokernel.swap import Swap
+    model, types = build("llama")
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    packed = torch.arange(12).remainder(6).expand(2, -1)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        want_packed = model(ids, position_ids=packed, use_cache=False).logits
+        swap = Swap(kernels("flash_attention"), compiled=True)
+        with swap.installed(model):
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend="eager", fullgraph=True)
+            got = compiled(ids, use_cache=False).logits
+            assert swap.calls["flash_attention"] == 1, dict(swap.calls)
+            got_packed = compiled(ids, position_ids=packed, use_cache=False).logits
+            assert swap.calls["flash_attention"] == 1, dict(swap.calls)  # packed: SDPA + mask
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_packed, want_packed, rtol=1e-4, atol=1e-4)
+    assert (got_packed - got).abs().max() > 1e-3  # the packing changed the answer

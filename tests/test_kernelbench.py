@@ -151,6 +151,20 @@ def test_verdicts(outcome, verdict):
     assert kernelbench_score.verdict(outcome) == verdict
 
 
+def test_the_limit_bounds_the_judges_own_work_too(monkeypatch):
+    """A row's wall-clock limit holds while the judge itself is busy (a huge problem's inputs
+    and float64 oracle), not only while it waits for the child: the row is an error, in time."""
+    import time
+    problem = PROBLEMS / "1_softmax.py"
+    monkeypatch.setattr(kernelbench_score, "GRACE_S", 0.0)
+    monkeypatch.setattr(kernelbench_score, "run_solution", lambda *a: time.sleep(30))
+    started = time.monotonic()
+    row = kernelbench_score.judge("1_softmax", problem, SOLUTIONS / "1_softmax.py", "fp32",
+                                  1.0, None, "none")
+    assert time.monotonic() - started < 15
+    assert row["verdict"] == "error" and "exceeded the 1 s wall-clock limit" in row["reason"]
+
+
 def test_setup_starts_from_model_renamed_and_the_gate_refuses_its_torch_ops(tmp_path):
     problem = kernelbench.Problem(PROBLEMS / "1_softmax.py")
     text = kernelbench_setup.kernel_file_text(problem, str(problem.path), "fp32")

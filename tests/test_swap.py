@@ -111,3 +111,25 @@ def test_ignore_index_check_never_reads_back_during_graph_capture(monkeypatch):
     assert not _hits_ignore_index(clean, torch.tensor([4, 5, 6]), -100)
     assert _hits_ignore_index(with_hit, torch.tensor([4, 5, 6]), -100)  # seen at warm-up
     assert _hits_ignore_index(clean, torch.tensor([4, 5]), -100)        # never seen
+
+
+def test_compiler_tables_are_built_before_the_swap_patches_torch():
+    """Inductor keeps torch.addmm as its GEMM fallback when its lowerings are first imported.
+    Imported while a compiled swap has torch.addmm patched, the compiled code of every later
+    model would call the swap's wrapper (which ignores out=) or find no addmm at all: wrong
+    logits in every compiled run after the first. A fresh process, so nothing is imported yet."""
+    import subprocess
+    import sys
+    code = ("import torch, verify\n"
+            "from autokernel.swap import Swap\n"
+            f"k = verify.load_kernel({str(Path(__file__).parent / 'kernels_for_verify' / 'matmul.py')!r})\n"
+            "with Swap([k], compiled=True).installed(torch.nn.Linear(2, 2)):\n"
+            "    import torch._inductor.lowering\n"
+            "from torch._inductor.select_algorithm import extern_kernels\n"
+            "import torch._dynamo.trace_rules as rules\n"
+            "assert getattr(extern_kernels, 'addmm', None) is torch.addmm, vars(extern_kernels)\n"
+            "assert torch._C.TensorBase.matmul in rules.get_tensor_method()\n"
+            "assert torch.nn.functional.linear in rules.get_torch_obj_rule_map()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
