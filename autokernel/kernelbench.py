@@ -412,7 +412,7 @@ class ProblemJudge(gate.Judge):
             if first is None:
                 first = out
                 continue
-            differ = int((gate.bits(out) != gate.bits(first)).sum())
+            differ = gate.changed_elements(out, first)
             if differ:
                 raise gate.CheckFailure(f"non-deterministic: 3 runs on the same inputs differ in "
                                         f"{differ} of {out.numel()} elements at {where}")
@@ -479,7 +479,7 @@ class ProblemJudge(gate.Judge):
         with judge_side(where):
             again = make()
         for name, tensor in gate.tensors(inputs).items():
-            changed = int((gate.bits(tensor) != gate.bits(again[name])).sum())
+            changed = gate.changed_elements(tensor, again[name])
             if changed:
                 raise gate.CheckFailure(f"{self.callee} modified its input {name} ({changed} "
                                         f"of {tensor.numel()} elements changed) at {where}")
@@ -508,8 +508,8 @@ class ProblemJudge(gate.Judge):
                 differ = gate.bits(again) != gate.bits(out)
                 unwritten = differ & torch.isnan(out.reshape(-1)) \
                     & (again.reshape(-1) == gate.SENTINEL)
-                n = int(differ.sum())
-                if n and int(unwritten.sum()) == n:
+                n = int(torch.count_nonzero(differ))
+                if n and int(torch.count_nonzero(unwritten)) == n:
                     raise gate.CheckFailure(f"elements left unwritten ({n} of {total}) at "
                                             f"{where}")
         for key, label in (("nan", "NaN"), ("inf", "Inf")):
