@@ -75,6 +75,7 @@ Writes workspace/verify.json (--out to change):
               "compile_note", "compile_correctness": {the "correctness" keys: torch.compile
               of the original against the original} | null, "kernels_ms", "gainers": [names of kernels whose alone_ms beat eager],
               "gainers_ms": float | null (the gainers together, when some kernels lose),
+              "gainers_correctness": {the "correctness" keys} | null (their outputs),
               "compile_kernels_ms": float | null (torch.compile of the model with the kernels
                                    inside, each a custom op; timed when compile_ms is),
               "graph_breaks": int | null (dynamo's graph breaks tracing it, from
@@ -86,8 +87,8 @@ Writes workspace/verify.json (--out to change):
               "compile_gainers_ms", "compile_gainers_correctness": torch.compile with only
                                    them, when some kernels lose inside it} | null,
    "speedup_vs_eager": float | null, "speedup_vs_compile": float | null (both: the eager
-   kernels), "best_variant": "kernels" | "compile_kernels" | "compile_gainers" | null (the
-   fastest whose outputs match), "best_ms": float | null, "best_speedup_vs_compile": float | null}
+   kernels), "best_variant": "kernels" | "gainers" | "compile_kernels" | "compile_gainers" |
+   null (the fastest whose outputs match), "best_ms": float | null, "best_speedup_vs_compile": float | null}
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
@@ -415,10 +416,14 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
     # time the gainers together too.
     gainers = [k for k, e in used if e["gain_ms"] > 0]
     timing["gainers"] = [k.name for k in gainers]
-    timing["gainers_ms"] = None
+    timing["gainers_ms"] = timing["gainers_correctness"] = None
     if gainers and len(gainers) < len(kernels):
         steps["total"] += 1
         timing["gainers_ms"] = timed(Swap(gainers, weights, weight_layout), "the gainers together")
+        if run_ref is not None:  # a shippable variant only if its outputs match too
+            run, error = run_swapped(model, inputs, Swap(gainers, weights, weight_layout))
+            timing["gainers_correctness"] = {"passed": False, "error": error} if run is None \
+                else compare_runs(run, run_ref)
     return timing
 
 
@@ -502,16 +507,18 @@ def graph_breaks(model, inputs):
 
 
 def best_variant(report):
-    """The fastest of the eager kernels, torch.compile with the kernels and torch.compile with
-    only the kernels that gain inside it (the compiled ones when their outputs match):
+    """The fastest of the eager kernels, the eager gainers, torch.compile with the kernels and
+    torch.compile with only the kernels that gain inside it (the last three when their outputs
+    were compared and match; the eager kernels' are the report's verdict):
     report keys best_variant, best_ms and best_speedup_vs_compile (null without a torch.compile
     timing)."""
     t = report["timing"]
 
-    def checked(variant):  # a compiled run whose outputs mismatch is no candidate
+    def checked(variant):  # a run whose outputs mismatch (or were not compared) is no candidate
         c = t.get(f"{variant}_correctness")
-        return t.get(f"{variant}_ms") if c is None or c["passed"] else None
-    times = {"kernels": t["kernels_ms"], "compile_kernels": checked("compile_kernels"),
+        return t.get(f"{variant}_ms") if c is not None and c["passed"] else None
+    times = {"kernels": t["kernels_ms"], "gainers": checked("gainers"),
+             "compile_kernels": checked("compile_kernels"),
              "compile_gainers": checked("compile_gainers")}
     name = min((n for n, ms in times.items() if ms is not None), key=times.get)
     report.update(best_variant=name, best_ms=times[name], best_speedup_vs_compile=None
@@ -609,9 +616,11 @@ def print_report(r):
         if t.get("gainers_ms"):
             vs_compile = "" if t["compile_ms"] is None else \
                 f", {t['compile_ms'] / t['gainers_ms']:.3f}x vs torch.compile"
+            c = t.get("gainers_correctness")
             print(f"only the kernels that gain ({', '.join(t['gainers'])}): "
                   f"{t['gainers_ms']:.3f} ms, {t['eager_ms'] / t['gainers_ms']:.3f}x vs eager"
-                  f"{vs_compile}")
+                  f"{vs_compile}; outputs " + ("not compared" if c is None else "PASS"
+                                               if c["passed"] else f"FAIL ({describe_mismatch(c)})"))
     for f in r["failures"]:
         print(f"FAIL {f}")
     if r["failures"] and not any(e["alone"] for e in r["kernels"]):

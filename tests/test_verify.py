@@ -140,6 +140,10 @@ def test_custom_softmax_sum_cross_entropy_and_timing():
     assert t["gainers"] == [e["name"] for e in report["kernels"] if e["gain_ms"] > 0]
     # the gainers are timed together only when they are some, not all, of the kernels
     assert (t["gainers_ms"] is not None) == (0 < len(t["gainers"]) < len(names))
+    # ...and then their outputs are compared too: only then are they a candidate for best
+    assert (t["gainers_correctness"] is not None) == (t["gainers_ms"] is not None)
+    if t["gainers_correctness"] is not None:
+        assert t["gainers_correctness"]["passed"], t["gainers_correctness"]
 
 
 def test_wrong_softmax_in_custom_model_is_caught(tmp_path):
@@ -462,3 +466,20 @@ def test_the_morning_recheck_runs_the_gate(tmp_path):
     from autokernel import regate
     passed, text = regate.regate(ROOT / "tests" / "planted" / "nan_output.py")
     assert not passed and text.startswith("FAIL") and "NaN" in text
+
+
+def test_best_variant_is_the_fastest_whose_outputs_were_compared_and_match():
+    ok, bad = {"passed": True}, {"passed": False}
+
+    def best(**timing):
+        t = dict(kernels_ms=5.0, compile_ms=4.0, gainers_ms=None, gainers_correctness=None,
+                 compile_kernels_ms=None, compile_kernels_correctness=None,
+                 compile_gainers_ms=None, compile_gainers_correctness=None)
+        report = {"timing": dict(t, **timing)}
+        verify.best_variant(report)
+        return report["best_variant"], report["best_speedup_vs_compile"]
+    assert best(gainers_ms=2.0, gainers_correctness=ok) == ("gainers", 2.0)
+    assert best(gainers_ms=2.0, gainers_correctness=bad) == ("kernels", 0.8)
+    assert best(gainers_ms=2.0) == ("kernels", 0.8)  # never compared: no candidate
+    assert best(compile_kernels_ms=3.2, compile_kernels_correctness=ok,
+                compile_gainers_ms=1.0, compile_gainers_correctness=bad) == ("compile_kernels", 1.25)
