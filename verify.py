@@ -73,7 +73,8 @@ Writes workspace/verify.json (--out to change):
                    "loss_rel_err" (models returning a loss), "passed", "error"},
    "timing": {"method", "cuda_graphs": bool, "warmup", "repeat", "eager_ms", "compile_ms",
               "compile_note", "compile_correctness": {the "correctness" keys: torch.compile
-              of the original against the original} | null, "kernels_ms", "gainers": [names of kernels whose alone_ms beat eager],
+              of the original against the original} | null, "kernels_ms",
+              "gainers": [names of kernels whose alone_ms beat eager],
               "gainers_ms": float | null (the gainers together, when some kernels lose),
               "gainers_correctness": {the "correctness" keys} | null (their outputs),
               "compile_kernels_ms": float | null (torch.compile of the model with the kernels
@@ -88,7 +89,8 @@ Writes workspace/verify.json (--out to change):
                                    them, when some kernels lose inside it} | null,
    "speedup_vs_eager": float | null, "speedup_vs_compile": float | null (both: the eager
    kernels), "best_variant": "kernels" | "gainers" | "compile_kernels" | "compile_gainers" |
-   null (the fastest whose outputs match), "best_ms": float | null, "best_speedup_vs_compile": float | null}
+   null (the fastest whose outputs were compared and match), "best_ms": float | null,
+   "best_speedup_vs_compile": float | null}
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
@@ -546,6 +548,11 @@ def describe_mismatch(c):
     return text
 
 
+def outputs_verdict(c):
+    return "not compared" if c is None else "PASS" if c["passed"] else \
+        f"FAIL ({describe_mismatch(c)})"
+
+
 def print_report(r):
     print(f"model: {r['model']}")
     print(f"device: {r['device']}  dtype: {r['dtype']}")
@@ -607,20 +614,16 @@ def print_report(r):
                   f"gain {_g(e['compile_gain_ms'], '+.3f')} ms vs torch.compile"
                   + (f" ({e['compile_alone_note']})" if e.get("compile_alone_note") else ""))
         if t.get("compile_gainers_ms"):
-            c = t["compile_gainers_correctness"]
             print(f"torch.compile with only the kernels that gain inside it "
                   f"({', '.join(t['compile_gainers'])}): {t['compile_gainers_ms']:.3f} ms, "
                   f"{t['compile_ms'] / t['compile_gainers_ms']:.3f}x vs torch.compile; outputs "
-                  + ("not compared" if c is None else "PASS" if c["passed"] else
-                     f"FAIL ({describe_mismatch(c)})"))
+                  f"{outputs_verdict(t['compile_gainers_correctness'])}")
         if t.get("gainers_ms"):
             vs_compile = "" if t["compile_ms"] is None else \
                 f", {t['compile_ms'] / t['gainers_ms']:.3f}x vs torch.compile"
-            c = t.get("gainers_correctness")
             print(f"only the kernels that gain ({', '.join(t['gainers'])}): "
                   f"{t['gainers_ms']:.3f} ms, {t['eager_ms'] / t['gainers_ms']:.3f}x vs eager"
-                  f"{vs_compile}; outputs " + ("not compared" if c is None else "PASS"
-                                               if c["passed"] else f"FAIL ({describe_mismatch(c)})"))
+                  f"{vs_compile}; outputs {outputs_verdict(t.get('gainers_correctness'))}")
     for f in r["failures"]:
         print(f"FAIL {f}")
     if r["failures"] and not any(e["alone"] for e in r["kernels"]):
@@ -635,9 +638,7 @@ def print_compile_kernels(t):
         if t["compile_ms"] is not None:
             print(f"torch.compile with kernels: {t['compile_kernels_note']}")
         return
-    c = t["compile_kernels_correctness"]
-    verdict = "not compared" if c is None else \
-        "PASS" if c["passed"] else f"FAIL ({describe_mismatch(c)})"
+    verdict = outputs_verdict(t["compile_kernels_correctness"])
     calls = ", ".join(f"{n} {k}" for n, k in t["compile_kernels_calls"].items()) or "none"
     print(f"torch.compile with kernels: {t['compile_kernels_ms']:.3f} ms, "
           f"{t['graph_breaks']} graph break(s), calls per forward: {calls}; outputs {verdict}")

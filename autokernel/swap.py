@@ -878,8 +878,9 @@ def _hf_packed_patches(masking, model):
         if code is not None and "create_causal_mask" in code.co_names and "position_ids" in params:
             patches.append((module, "forward", numbering(module.forward,
                                                          params.index("position_ids"))))
-    return patches + [(masking, "find_packed_sequence_indices", find_packed_sequence_indices)] \
-        if patches else []
+    if not patches:
+        return []
+    return patches + [(masking, "find_packed_sequence_indices", find_packed_sequence_indices)]
 
 
 def _first_arg_shape(inputs):
