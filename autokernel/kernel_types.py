@@ -99,16 +99,18 @@ def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=N
                     layout="bhsd"):
     """H in the shape is the query heads; kv_groups query heads share a key/value head (the
     largest divisor of H not above kv_groups, so every shape takes every variant). layout
-    "bshd": each tensor a [B,S,H,D] buffer seen as [B,H,S,D] through .transpose(1, 2), as a
-    model's q/k/v projections leave them (the swap passes them so, uncopied)."""
+    "bshd": Q, K and V are head slices of one [B, S, H + 2 Hkv, D] buffer (a fused q/k/v
+    projection's output, as GPT-2's c_attn leaves them), each seen as [B,H,S,D] through
+    .transpose(1, 2): rows of positions wider than the tensor's own heads, at an offset. The
+    swap passes such views uncopied, and separate projections' [B,S,H,D] views too (rows
+    exactly H*D wide): a kernel that honours these strides takes both."""
     B, H, S, D = shape
-    groups = max(g for g in range(1, kv_groups + 1) if H % g == 0)
-
-    def make(heads):
-        if layout == "bshd":
-            return _randn((B, S, heads, D), dtype, device, gen).transpose(1, 2)
-        return _randn((B, heads, S, D), dtype, device, gen)
-    q, k, v = make(H), make(H // groups), make(H // groups)
+    Hkv = H // max(g for g in range(1, kv_groups + 1) if H % g == 0)
+    if layout == "bshd":
+        qkv = _randn((B, S, H + 2 * Hkv, D), dtype, device, gen)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split([H, Hkv, Hkv], dim=2))
+    else:
+        q, k, v = (_randn((B, heads, S, D), dtype, device, gen) for heads in (H, Hkv, Hkv))
     return {"Q": q, "K": k, "V": v, "causal": causal, "scale": scale}
 
 

@@ -537,11 +537,14 @@ def _sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
 
 
 def _heads(t):
-    """t [B,H,S,D] as the contract takes it: contiguous, or a [B,S,H,D] buffer seen through
-    .transpose(1, 2) (a projection's output viewed as heads, passed without a copy); any other
-    layout is copied."""
+    """t [B,H,S,D] as the contract takes it: contiguous, or rows of positions seen through
+    .transpose(1, 2), each row R >= H*D elements wide (a projection's [B,S,H,D] output, R = H*D,
+    or one head slice of a fused q/k/v projection's), passed without a copy; any other layout
+    is copied."""
     B, H, S, D = t.shape
-    return t if t.is_contiguous() or t.stride() == (S * H * D, D, H * D, 1) else t.contiguous()
+    R = t.stride(2)
+    rows = t.stride(3) == 1 and t.stride(1) == D and R >= H * D and (B == 1 or t.stride(0) == S * R)
+    return t if t.is_contiguous() or rows else t.contiguous()
 
 
 def _norm_rows(input, normalized_shape, *params):

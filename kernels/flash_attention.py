@@ -24,13 +24,14 @@ accumulator rescaled when the max grows), so the S x S score matrix never touche
     light ones fill the tail (without it every block sees all S keys, and the order is moot).
   * On Hopper, for large problems with contiguous [B,H,S,D] inputs, Q/K/V tiles arrive through
     TMA descriptors over the [B*Hq*S, D] and [B*Hkv*S, D] row views (address math and pipelining
-    by the copy engine). Any other layout (e.g. [B,S,H,D] views) takes the pointer path, which
-    honours strides.
+    by the copy engine). Any other layout (e.g. [B,S,H,D] views, or slices of a fused q/k/v
+    buffer) takes the pointer path, which honours strides.
 fp32 inputs use tf32x3 dots (three tensor-core products): ~1e-6 error against the 1e-4 tolerance.
 Head dims that are not a power of two are padded to the next one with masked loads.
 
 On Hopper (sm_90), large fp16/bf16 problems with head dim 64 or 128 and a positive scale, whose Q,
-K and V are contiguous or [B,S,H,D] buffers seen through .transpose(1, 2), take a second kernel
+K and V are contiguous or rows of positions seen through .transpose(1, 2) ([B,S,H,D] buffers,
+or head slices of a fused q/k/v buffer), take a second kernel
 (causal or not, grouped-query or not, with the same key/value head index and masks), written in
 Gluon (Triton's lower-level dialect: explicit layouts, shared memory, barriers and async
 tensor-core ops), in the style of FlashAttention-3. Plain Triton 3.6 waits
@@ -452,16 +453,19 @@ TMA_MIN_WORK = 2 ** 34
 def _tma_rows(t):
     """t[B,H,S,D] as a 2-D view whose consecutive rows are consecutive positions, for the Gluon
     kernel's descriptors, with (b, h)'s first row at b * rows_b + h * rows_h and column h * cols_h:
-    (view, rows_b, rows_h, cols_h). Contiguous [B,H,S,D] is [B*H*S, D]; a [B,S,H,D] buffer
-    seen as [B,H,S,D] (what attention layers hand over after .transpose(1, 2)) is [B*S, H*D].
-    None for any other layout, or rows not 16-byte aligned."""
+    (view, rows_b, rows_h, cols_h). Contiguous [B,H,S,D] is [B*H*S, D]; rows of positions seen
+    as [B,H,S,D] (what attention layers hand over after .transpose(1, 2): a [B,S,H,D] buffer,
+    or a head slice of a fused q/k/v buffer, whose rows are R > H*D elements apart) are
+    [B*S, H*D] with row stride R. None for any other layout, or rows not 16-byte aligned."""
     B, H, S, D = t.shape
-    if (D * t.element_size()) % 16 or t.data_ptr() % 16:
+    es, R = t.element_size(), t.stride(2)
+    if (D * es) % 16 or t.data_ptr() % 16:
         return None
     if t.stride() == (H * S * D, S * D, D, 1):
         return t.view(B * H * S, D), H * S, S, 0
-    if t.stride() == (S * H * D, D, H * D, 1):
-        return t.transpose(1, 2).view(B * S, H * D), S, 0, D
+    if t.stride(3) == 1 and t.stride(1) == D and R >= H * D and (R * es) % 16 == 0 \
+            and (B == 1 or t.stride(0) == S * R):
+        return t.as_strided((B * S, H * D), (R, 1)), S, 0, D
     return None
 
 
@@ -559,7 +563,7 @@ def _hopper_device(index):
 
 def _hopper_ok(Q, K, V, scale=None):
     """Large fp16/bf16 problems with head dim 64 or 128 and a positive scale (None: 1/sqrt(D)) on
-    a Hopper GPU, each of Q, K and V contiguous or a transposed [B,S,H,D] buffer (_tma_rows); K
+    a Hopper GPU, each of Q, K and V contiguous or rows of positions (_tma_rows); K
     and V may have fewer heads than Q (grouped-query attention)."""
     B, H, S, D = Q.shape
     Hkv = K.shape[1]

@@ -162,3 +162,28 @@ def test_attention_runs_inside_a_compiled_decoder_unless_the_batch_is_packed():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got_packed, want_packed, rtol=1e-4, atol=1e-4)
     assert (got_packed - got).abs().max() > 1e-3  # the packing changed the answer
+
+
+@pytest.mark.parametrize("name", ["gpt2", "ours", "qwen2"])
+def test_attention_takes_the_projections_views_without_a_copy(name):
+    """GPT-2 splits q, k and v from one c_attn output; Qwen2's come from separate projections.
+    Either way each arrives as rows of positions seen through .transpose(1, 2), and the swap
+    hands the kernel those views (no copy: the layout the contract's "bshd" variant gates)."""
+    import reference
+    from autokernel.swap import Kernel, Swap
+    if name == "ours":
+        from models.gpt2 import GPT2, GPT2Config
+        torch.manual_seed(0)
+        model = GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=1, n_head=2, dim=32)).eval()
+    else:
+        model, _ = build(name)
+    seen = []
+
+    def fn(Q, K, V, causal=True, scale=None):
+        seen.append([t.is_contiguous() for t in (Q, K, V)])
+        return reference.flash_attention_eager(Q, K, V, causal, scale)
+    swap = Swap([Kernel("attention", "flash_attention", autokernel.ROOT / "reference.py", fn)])
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), swap.installed(model):
+        model(ids) if name == "ours" else model(ids, use_cache=False)  # a cache concatenates K, V
+    assert seen == [[False, False, False]], (seen, dict(swap.fallbacks))
