@@ -68,6 +68,10 @@ from autokernel.results import rel
 from autokernel.workspace import read_profile, write_json
 
 
+class WorkExists(UsageError):
+    """A workspace kernel file differs from what extract would write: the night's work."""
+
+
 def parse_types(text):
     if not text:
         return None
@@ -195,7 +199,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     source = kernel_source(text, name, shapes, profile["dtype"], profile["model"],
                            candidate["shapes"] if cpu else None, candidate.get("variant"))
     if path.exists() and path.read_text() != source and not force:
-        raise UsageError(f"{path} exists with other content (the agent's work?): pass --force "
+        raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
                          "to overwrite, skipped")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
@@ -248,13 +252,15 @@ def main(argv=None):
         return fail("extract.py", "no profiled op maps to a kernel type with known shapes"
                     + (f" among --types {args.types}" if types else ""), 1)
 
-    plan, failed = [], 0
-    for candidate in candidates[:args.top]:
+    plan, failed, kept = [], 0, 0
+    # A candidate keeps its rank (and so its file name) whatever happens to the others.
+    for rank, candidate in enumerate(candidates[:args.top], start=1):
         try:
-            row = write_kernel(candidate, len(plan) + 1, profile, kernels_dir,
+            row = write_kernel(candidate, rank, profile, kernels_dir,
                                args.workspace, args.force, cpu=cpu, backend=args.backend)
         except UsageError as e:
             failed += 1
+            kept += isinstance(e, WorkExists)
             fail("extract.py", e)
             continue
         plan.append(row)
@@ -264,6 +270,9 @@ def main(argv=None):
               + (f" (CPU: {brief(row['bench_shapes'])})" if cpu else ""))
 
     plan_path = Path(args.workspace) / autokernel.PLAN_JSON.name
+    if kept:  # kernel files hold other work (a night in progress): its plan stays as it was
+        return fail("extract.py", f"{plan_path} left as it was: {kept} kernel file(s) hold "
+                    "other work; keep the night's plan, or pass --force to start over", 1)
     write_json(plan_path, {
         "model": profile["model"], "created": datetime.now(timezone.utc).isoformat(),
         "profile": str(args.profile), "device": profile.get("device"),

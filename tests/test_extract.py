@@ -163,6 +163,21 @@ def test_agent_work_is_not_overwritten_without_force(setup, capsys):
     assert "BENCH_SHAPES" in (ws / "matmul_1.py").read_text()
 
 
+def test_extract_again_mid_night_leaves_the_plan_and_the_names_alone(setup, capsys):
+    """Run again while a kernel file holds the night's work: that file is not overwritten, the
+    plan is not rewritten without it, and no other kernel is renamed into its rank."""
+    _, args, ws = setup
+    assert run(["--top", "3"] + args) == 0
+    plan = (ws / "plan.json").read_text()
+    (ws / "matmul_1.py").write_text("# the agent's kept kernel\n")
+    assert run(["--top", "3"] + args) == 1
+    err = capsys.readouterr().err
+    assert "left as it was" in err and "pass --force" in err
+    assert (ws / "plan.json").read_text() == plan
+    assert (ws / "matmul_1.py").read_text() == "# the agent's kept kernel\n"
+    assert not (ws / "fused_mlp_1.py").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--types", "softmax,bogus"], "unknown kernel type 'bogus'"),
     (["--top", "0"], "--top must be >= 1"),

@@ -24,7 +24,16 @@ reads), so a patched model that runs with autograd on warns once.
 manifest.json lists the kernels and where they came from; `python -m <package>.smoke_test`
 checks each one against PyTorch on this machine.
 """
-from . import kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
+import importlib.util
+
+# The one thing to fix, not a traceback from deep inside (found, not imported: kernel_types
+# sets the CPU mode before triton is imported).
+_missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+if _missing:
+    raise ImportError(f"{__name__} needs torch and triton, and this Python has no "
+                      f"{' or '.join(_missing)}: run it with the Python that has them")
+
+from . import kernel_types  # noqa: F401,E402  (first: CPU mode is set before triton is imported)
 
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
