@@ -39,6 +39,8 @@ def main(argv=None):
                         help=f"plan.json with shares (default {rel(ak.PLAN_JSON)} if present)")
     parser.add_argument("--out", default=str(ak.PROGRESS_PNG))
     args = parser.parse_args(argv)
+    if args.last is not None and args.last < 1:
+        raise UsageError(f"--last {args.last}: pass how many experiments to show, 1 or more")
     rows = read_rows(args.results, must_exist=True)
     if not rows:
         raise UsageError(f"{args.results} has a header but no experiments yet: run "

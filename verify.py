@@ -114,7 +114,7 @@ from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, co
 from autokernel.results import read_rows, rel
 from autokernel.swap import Kernel, KernelFailure, Swap, WeightCache
 from autokernel.workspace import plan_kernels, read_plan, recorded_model_args, write_json
-from models.load import MODEL_FLAGS, ModelError, add_model_args, load_model
+from models.load import MODEL_FLAGS, ModelError, add_model_args, check_model_args, load_model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,14 +371,14 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
             raise GraphCaptureError(f"capturing {what} in a CUDA graph failed ({e}): {blame}"
                                     "run without --cuda-graphs") from None
 
-    timing["eager_ms"] = timed(what="the original model")
     backend = compile_backend or ("inductor" if autokernel.CUDA else None)
+    if backend in (None, "none"):  # known before the first step, so the count never shrinks
+        steps["total"] -= 1
+    timing["eager_ms"] = timed(what="the original model")
     if backend is None:
         timing["compile_note"] = "skipped on CPU (pass --compile-backend to force)"
-        steps["total"] -= 1
     elif backend == "none":
         timing["compile_note"] = "skipped (--no-compile)"
-        steps["total"] -= 1
     else:
         try:
             compiled = torch.compile(model, backend=backend)
@@ -661,15 +661,16 @@ def _verify(argv):
         raise UsageError("--warmup must be >= 0 and --repeat >= 1")
     if args.cuda_graphs and not autokernel.CUDA:
         raise UsageError("--cuda-graphs needs a CUDA GPU: drop it on this machine")
+    check_model_args(args)  # a typo in the model flags: before minutes of re-gating
     kernels, checked = select_kernels(args)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
     if not kernels:
         first = next(iter(refused.values()))
         raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
     if reuse_profile_flags(args):
-        print(f"model flags from {autokernel.PROFILE_JSON}: "
-              + " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
-                         if getattr(args, f, None) is not None))
+        given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
+                         if getattr(args, f, None) is not None)
+        print(f"model flags from {autokernel.PROFILE_JSON}: {given or 'none (the defaults)'}")
     model, inputs, description = load_model(args)
     backend = "none" if args.no_compile else args.compile_backend
     try:

@@ -88,6 +88,26 @@ def model_args(args) -> dict:
     return {name: getattr(args, name) for name in MODEL_FLAGS}
 
 
+def check_model_args(args):
+    """The cheap checks of the model flags, for a script to run before its slow work (a typo in
+    --model should not wait for minutes of re-gating)."""
+    device_and_dtype(args)
+    if args.input_shape:
+        parse_input_shape(args.input_shape)
+    if args.model and not (args.module == "transformers" or args.pretrained):
+        _model_file(args.model)
+
+
+def _model_file(path):
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"model file {path} not found: pass --model FILE (a .py file)")
+    if path.suffix != ".py":
+        raise UsageError(f"--model {path} is not a .py file: pass the Python file that "
+                         "defines the model")
+    return path
+
+
 def load_model(args):
     """(model in eval mode on the device and dtype, inputs tuple, description) from the shared
     flags (add_model_args). Raises UsageError for bad flags, ModelError when the model fails."""
@@ -127,9 +147,7 @@ def device_and_dtype(args):
 
 
 def _import_file(path):
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"model file {path} not found: pass --model FILE (a .py file)")
+    path = _model_file(path)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # model files import models.layers
     try:

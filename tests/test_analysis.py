@@ -105,3 +105,10 @@ def test_a_kept_row_that_git_does_not_back_is_marked(tmp_path, capsys):
     assert analysis.main(["--results", str(path), "--last", "1"]) in (None, 0)
     out = capsys.readouterr()
     assert "keep!" in out.out and "experiment 1 is marked kept but its commit 0000000" in out.err
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_last_needs_a_positive_count(tmp_path, capsys, n):
+    write_tsv(tmp_path / "results.tsv", night())
+    err = run(capsys, "--results", str(tmp_path / "results.tsv"), "--last", n, code=2).err
+    assert err.count("\n") == 1 and "1 or more" in err

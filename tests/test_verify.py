@@ -426,6 +426,18 @@ def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
         assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err, err
 
 
+def test_a_wrong_model_flag_is_named_before_any_re_gate(tmp_path, monkeypatch, capsys):
+    """Re-gating the kernels takes minutes: a mistyped --model is refused before it starts."""
+    import autokernel.regate
+    monkeypatch.setattr(autokernel.regate, "check_all", lambda *a: pytest.fail("re-gated"))
+    (tmp_path / "notes.md").write_text("# not a model\n")
+    for model, words in ((tmp_path / "nope.py", "not found"), (tmp_path / "notes.md",
+                                                               "is not a .py file")):
+        assert verify.main(["--model", str(model), "--kernels", kernel_paths("rmsnorm")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+
+
 def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, capsys):
     """With no model flags, verify rebuilds the model profile.py recorded in profile.json."""
     model_file = tiny_model[1]
