@@ -109,6 +109,15 @@ def test_attention_runs_where_transformers_would_build_a_mask_while_compiling(na
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def build_or_ours(name):
+    """A transformers model from MODELS, or "ours": models/gpt2.py's GPT-2, tiny."""
+    if name != "ours":
+        return build(name)[0]
+    from models.gpt2 import GPT2, GPT2Config
+    torch.manual_seed(0)
+    return GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=1, n_head=2, dim=32)).eval()
+
+
 @pytest.mark.parametrize("name,want", [("gpt2", "gelu_tanh"), ("bert", "gelu"), ("ours", "gelu_tanh")])
 def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     """GPT-2's MLP (transformers' Conv1D and models/gpt2.py's nn.Linear) and BERT's intermediate:
@@ -116,12 +125,7 @@ def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     the model's outputs still match."""
     import reference
     from autokernel.swap import Kernel, Swap
-    if name == "ours":
-        from models.gpt2 import GPT2, GPT2Config
-        torch.manual_seed(0)
-        model = GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=1, n_head=2, dim=32)).eval()
-    else:
-        model, _ = build(name)
+    model = build_or_ours(name)
     seen = []
 
     def fn(A, B, bias=None, activation=None):
@@ -171,12 +175,7 @@ def test_attention_takes_the_projections_views_without_a_copy(name):
     hands the kernel those views (no copy: the layout the contract's "bshd" variant gates)."""
     import reference
     from autokernel.swap import Kernel, Swap
-    if name == "ours":
-        from models.gpt2 import GPT2, GPT2Config
-        torch.manual_seed(0)
-        model = GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=1, n_head=2, dim=32)).eval()
-    else:
-        model, _ = build(name)
+    model = build_or_ours(name)
     seen = []
 
     def fn(Q, K, V, causal=True, scale=None):
