@@ -25,6 +25,7 @@ sys.modules here. Everything else lives in a module with one job:
 from here too; they load it (and torch) on first use, so scripts that need neither stay quick.
 """
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -56,7 +57,9 @@ _load_stdlib_profile()
 KERNEL_PY = ROOT / "kernel.py"
 KERNELS_DIR = ROOT / "kernels"
 MODELS_DIR = ROOT / "models"
-WORKSPACE = ROOT / "workspace"
+# Everything a run writes but git keeps out; AUTOKERNEL_WORKSPACE moves it (the tests do, so
+# that a test run never touches a night's files).
+WORKSPACE = Path(os.environ.get("AUTOKERNEL_WORKSPACE") or ROOT / "workspace")
 RESULTS_TSV = ROOT / "results.tsv"
 PREPARE_JSON = WORKSPACE / "prepare.json"        # GPU facts, measured ceilings, baseline times
 PROFILE_JSON = WORKSPACE / "profile.json"        # profile.py output

@@ -1,6 +1,7 @@
 """bench_starters.py on a CPU: a correct, a wrong, a missing and a crashing starter each become
 the row they should; a dead child costs one row, not the run; goals are judged from the numbers."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -103,8 +104,9 @@ def test_cli_rows_and_outputs(tmp_path, kernels_dir):
     out = tmp_path / "report" / "starters.md"
     result = subprocess.run(
         [sys.executable, "bench_starters.py", "--types", "softmax,reduce,layernorm",
-         "--kernels-dir", str(kernels_dir), "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
+         "--kernels-dir", str(kernels_dir), "--out", str(out)], cwd=ROOT,
+        env=dict(os.environ, AUTOKERNEL_WORKSPACE=str(autokernel.WORKSPACE)),  # the session's
+        capture_output=True, text=True, timeout=240)
     assert result.returncode == 1, result.stderr[-3000:]  # not every row passed
     assert "[softmax 64x1024 fp16] check PASS" in result.stdout  # progress lines
     rows = {row["kernel"]: row for row in json.loads(out.with_suffix(".json").read_text())["rows"]}

@@ -204,3 +204,16 @@ def test_report_for_a_gpu_cache(capsys):
     assert "mode=max-autotune" in out and "note: softmax: compile RuntimeError: boom" in out
     rmsnorm_line = next(line for line in out.splitlines() if line.startswith("rmsnorm"))
     assert rmsnorm_line.split()[:4] == ["rmsnorm", "8192x8192", "fp16", "515.0"]
+
+
+def test_the_tests_write_to_a_workspace_of_their_own():
+    """A test run never touches a night's files: the session's workspace is a temporary folder
+    (tests/conftest.py sets AUTOKERNEL_WORKSPACE for this process), and the paths the scripts
+    write follow it."""
+    import bench
+    from autokernel import state
+    real = autokernel.ROOT / "workspace"
+    assert autokernel.WORKSPACE != real and "AUTOKERNEL_WORKSPACE" not in os.environ
+    for path in (autokernel.PREPARE_JSON, autokernel.PROFILE_JSON, autokernel.PLAN_JSON,
+                 autokernel.VERIFY_JSON, bench.CHILD_LOG, state.SNAPSHOT_PATH):
+        assert path.is_relative_to(autokernel.WORKSPACE), path

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import verify
+import autokernel
 from autokernel.swap import WeightCache
 from models import bert, custom, gpt2, llama
 
@@ -350,7 +351,7 @@ def test_cli_subprocess_timing_compile_and_json(tiny_model, tmp_path):
     """Run as a top-level script from the repo root (where our profile.py shadows the stdlib's)
     with torch.compile on: the compile path must work and verify.json must hold the timings."""
     out = tmp_path / "verify.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", AUTOKERNEL_WORKSPACE=str(autokernel.WORKSPACE))
     proc = subprocess.run(
         [sys.executable, "verify.py", *tiny_model, "--kernels", kernel_paths("rmsnorm", "matmul"),
          "--warmup", "0", "--repeat", "1", "--compile-backend", "eager", "--out", str(out)],
