@@ -4,13 +4,14 @@ the gate again (bench.py --no-git: the five stages on fresh inputs, its own timi
 child) and, for the night's kernels, its bytes must be those of a kept row of results.tsv. A
 forged results.tsv or a file edited after its keep never reaches the morning report.
 """
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from autokernel import ROOT
+from autokernel import ROOT, WORKSPACE
 from autokernel.cli import one_line
 from autokernel.results import rel
 from autokernel.state import digest
@@ -22,7 +23,8 @@ def regate(path, timeout_s=180):
     with tempfile.TemporaryDirectory(prefix="autokernel_regate_") as scratch:
         cmd = [sys.executable, str(ROOT / "bench.py"), "--kernel", str(path), "--no-git",
                "--results", str(Path(scratch) / "results.tsv"), "--timeout", str(timeout_s)]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        env = dict(os.environ, AUTOKERNEL_WORKSPACE=str(WORKSPACE))  # this run's, moved or not
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     keys = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
     if proc.returncode != 0 or "correctness" not in keys:
         return False, f"the gate refused to judge it: {one_line(proc.stderr) or 'no output'}"
