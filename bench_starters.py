@@ -467,8 +467,7 @@ def main(argv=None):
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the child process
     parser.add_argument("--rows", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.kernels_dir = args.kernels_dir or str(
-        autokernel.KERNELS_DIR / "cuda" if args.backend == "cuda" else autokernel.KERNELS_DIR)
+    args.kernels_dir = args.kernels_dir or str(autokernel.starters_dir(args.backend))
     compile_mode = None if args.no_compile or args.compile_mode == "none" or not CUDA \
         else args.compile_mode
     if args.worker:

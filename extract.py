@@ -241,8 +241,7 @@ def main(argv=None):
         raise UsageError("--top must be >= 1")
     types = parse_types(args.types)
     profile = read_profile(args.profile)
-    kernels_dir = args.kernels_dir or str(autokernel.KERNELS_DIR / "cuda"
-                                          if args.backend == "cuda" else autokernel.KERNELS_DIR)
+    kernels_dir = args.kernels_dir or str(autokernel.starters_dir(args.backend))
     cpu = not autokernel.CUDA and args.backend == "triton"  # scaled shapes for the interpreter
 
     candidates, skipped = merge_by_type(profile["entries"], types)

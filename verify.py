@@ -151,8 +151,7 @@ def select_kernels(args):
         specs = [(p.strip(), None, None, None, False) for p in args.kernels.split(",")
                  if p.strip()]
     elif args.starters:
-        folder = autokernel.KERNELS_DIR / ("cuda" if args.backend == "cuda" else "")
-        files = sorted(p for p in glob.glob(str(folder / "*.py"))
+        files = sorted(p for p in glob.glob(str(autokernel.starters_dir(args.backend) / "*.py"))
                        if not Path(p).name.startswith("_"))
         specs = [(p, None, None, None, True) for p in files]
     else:

@@ -67,6 +67,13 @@ PLAN_JSON = WORKSPACE / "plan.json"              # extract.py output: kernels in
 ORCHESTRATE_JSON = WORKSPACE / "orchestrate.json"  # orchestrate.py state
 VERIFY_JSON = WORKSPACE / "verify.json"
 PROGRESS_PNG = ROOT / "progress.png"
+
+
+def starters_dir(backend="triton"):
+    """Where a backend's starter kernels live: kernels/ (Triton), kernels/cuda/ (CUDA C++)."""
+    return KERNELS_DIR / "cuda" if backend == "cuda" else KERNELS_DIR
+
+
 # Files bench.py refuses to judge with when they differ from the committed version.
 HARNESS_FILES = ("bench.py", "reference.py", "autokernel")
 # The registered kernel types, in the table's order (autokernel.kernel_types.KERNEL_TYPES).
