@@ -877,8 +877,10 @@ def _hf_packed_patches(masking, model):
     patches = []
     for module in model.modules():  # the forwards that build the mask from their position_ids
         code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
+        if code is None or "create_causal_mask" not in code.co_names:
+            continue  # most modules: skipped before any signature is read
         params = list(inspect.signature(module.forward).parameters)
-        if code is not None and "create_causal_mask" in code.co_names and "position_ids" in params:
+        if "position_ids" in params:
             patches.append((module, "forward", numbering(module.forward,
                                                          params.index("position_ids"))))
     if not patches:
