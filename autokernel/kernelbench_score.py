@@ -25,6 +25,7 @@ The JSON (--out) holds {"device", "dtype", "timing_valid", "compile_mode", "n", 
 "solution", "seconds"}]}.
 """
 import contextlib
+import gc
 import signal
 import sys
 import tempfile
@@ -122,6 +123,9 @@ def judge(name, problem, solution, dtype, timeout, call_timeout, compile_mode):
         outcome = {"correctness": "TIMEOUT", "reason": f"exceeded the {timeout:g} s wall-clock "
                    "limit (the judge's work on its inputs and oracle included)"}
     finally:
+        # What reference cycles still hold of the row's inputs and oracle: GBs at KernelBench
+        # sizes (the H100 judge held 14.5 GiB after problem 36) that the next row may need.
+        gc.collect()
         if ak.CUDA:
             torch.cuda.empty_cache()
     row.update(verdict=verdict(outcome), reason=outcome.get("reason", ""),
@@ -170,6 +174,10 @@ def run_solution(solution, plan, timeout, call_timeout):
     cannot name another problem or type): the untrusted child, the stages, the timing; the repo
     snapshotted before and restored after, every process it started killed."""
     import bench  # the judge's side of the child (ChildRunner) and its timing (measure)
+    # The judge's own helpers outlive each solution: inductor's compile workers (started by the
+    # torch.compile baseline; killing them hangs the next problem's compile) and
+    # multiprocessing's resource tracker (started with the first child; it tracks shared memory).
+    helpers = set(state.children())
     with tempfile.TemporaryDirectory(prefix="autokernel_kbscore_") as scratch:
         snapshot = state.Snapshot.take(Path(scratch) / "results.tsv")
     snapshot.save()
@@ -181,7 +189,7 @@ def run_solution(solution, plan, timeout, call_timeout):
         for child in bench.ChildRunner.started:
             child.stop()
         bench.ChildRunner.started.clear()  # the next solution's log starts empty
-        state.kill_descendants(spare=(resource_tracker_pid(),))
+        state.kill_descendants(spare=helpers | {resource_tracker_pid()})
         changed = snapshot.restore()
         state.SNAPSHOT_PATH.unlink(missing_ok=True)
     if changed:
@@ -211,7 +219,7 @@ def in_child(bench, solution, plan, timeout, call_timeout, snapshot):
 
 def resource_tracker_pid():
     """multiprocessing's resource tracker: started with the first child, it serves every later
-    one, so it outlives each solution (killing it would leak the shared memory it tracks)."""
+    one."""
     from multiprocessing import resource_tracker
     return getattr(resource_tracker._resource_tracker, "_pid", None)
 

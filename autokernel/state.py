@@ -67,7 +67,9 @@ def become_subreaper():
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _children(pid):
+def children(pid=None):
+    """The pids whose parent is `pid` (default: this process)."""
+    pid = os.getpid() if pid is None else pid
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
@@ -88,14 +90,14 @@ def kill_descendants(timeout_s=5.0, spare=()):
     (subreaper), so repeat."""
     me, killed, deadline = os.getpid(), 0, time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        children = [pid for pid in _children(me) if pid not in spare]
-        if not children:
+        children_left = [pid for pid in children(me) if pid not in spare]
+        if not children_left:
             break
-        for pid in children:
+        for pid in children_left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
-        for pid in children:
+        for pid in children_left:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
     return killed

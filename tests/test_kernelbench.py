@@ -175,6 +175,37 @@ def test_the_limit_bounds_the_judges_own_work_too(monkeypatch):
     assert row["verdict"] == "error" and "exceeded the 1 s wall-clock limit" in row["reason"]
 
 
+def test_the_reference_model_runs_in_full_fp32():
+    """cuDNN's TF32 convolutions (torch's default) would make fp32 Model miss its float64
+    result, and an exact solution would be judged against the rounded one."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+            return x
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    kernelbench.run(Probe(), {"x": torch.ones(2)})
+    assert seen == [(False, False)]
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
+
+
+def test_the_judges_own_helpers_outlive_each_solutions_processes():
+    """The scorer kills what a solution left running but spares what the judge had before it:
+    inductor's compile workers serve the next problem's torch.compile baseline, which hung
+    when they were killed."""
+    helper = subprocess.Popen(["sleep", "60"])  # stands for inductor's compile workers
+    helpers = set(state.children())
+    left_running = subprocess.Popen(["sleep", "60"])  # stands for a solution's process
+    try:
+        assert state.kill_descendants(spare=helpers) == 1
+        assert left_running.poll() is not None and helper.poll() is None
+    finally:
+        for process in (helper, left_running):
+            process.kill()
+            process.wait()
+
+
 def test_setup_starts_from_model_renamed_and_the_gate_refuses_its_torch_ops(tmp_path):
     problem = kernelbench.Problem(PROBLEMS / "1_softmax.py")
     text = kernelbench_setup.kernel_file_text(problem, str(problem.path), "fp32")
