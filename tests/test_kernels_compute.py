@@ -243,6 +243,51 @@ def test_attention_hopper_kernel_compiles_for_sm90(D, dtype, mask):
     assert int(shared) <= 227 * 1024
 
 
+# The matmul starter's Gluon kernel for an H100, the same way: shared memory, then the PTX.
+MATMUL_FOR_SM90 = """
+import sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import autokernel
+from autokernel.contract import load_module
+mm = load_module(autokernel.KERNELS_DIR / "matmul.py")
+M, N, K = (int(v) for v in sys.argv[1].split("x"))
+b_kmajor, activation = sys.argv[2] == "kmajor", None if sys.argv[3] == "none" else sys.argv[3]
+cfg = mm.pick_hopper_config(M, N, K, activation)
+BN, BK = cfg["BLOCK_N"], mm.HOPPER_BLOCK_K
+blocks = {"a_desc": (64, BK), "b_desc": (BN, BK) if b_kmajor else (BK, BN), "c_desc": (64, BN)}
+signature = {name: f"tensordesc<bf16[{b[0]}, {b[1]}],{mm._gl_layout(b, torch.bfloat16)!r}>"
+             for name, b in blocks.items()}
+signature.update(bias_ptr="*bf16", M="i32", N="i32", K="i32", NUM_PROGRAMS="i32")
+constants = dict(BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
+                 COOP=cfg["COOP"], B_KMAJOR=b_kmajor, HAS_BIAS=True, ACTIVATION=activation)
+signature.update({name: "constexpr" for name in constants})
+source = GluonASTSource(mm.matmul_hopper_kernel, signature, constants)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print(compiled.metadata.shared)
+print(compiled.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("shape,b_layout,activation", [
+    ("8192x50304x768", "kmajor", "none"),    # cooperative 128x256 (vocabulary)
+    ("8192x768x3072", "rows", "gelu"),       # cooperative 128x128 (narrow N)
+    ("8192x3072x768", "rows", "gelu_tanh"),  # ping-pong 64x256 (small K)
+])
+def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation):
+    """Each schedule pick_hopper_config chooses compiles for an H100 without one: wgmma, TMA and
+    warp specialization, no register spills, within the 227 KB of shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", MATMUL_FOR_SM90, shape, b_layout, activation],
+                          env=env, cwd=autokernel.ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, ptx = done.stdout.split("\n", 1)
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ".local" not in ptx, "register spills"
+    assert int(shared) <= 227 * 1024
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_attention_hopper_schedule_runs_every_tile_once(causal):
     fa = load("flash_attention")
