@@ -29,16 +29,17 @@ The rules (SWAP_RULES, one entry per kernel type):
     without enable_gqa, ...) runs the original op and is counted as a fallback with its reason.
     A kernel that never ran during the forward is a FAILURE, not a replacement.
   * Glue outside the kernels is torch and is counted in the timings: non-contiguous arguments
-    are copied to contiguous ones, cos/sin tables are sliced and cast. Weights for the matmul kernel are transposed to
-    contiguous [K, N] copies ONCE per weight (a load-time layout change, like a serving
+    are copied to contiguous ones, cos/sin tables are sliced and cast. Weights for the matmul
+    kernel are transposed to contiguous [K, N] copies ONCE per weight (a load-time layout change, like a serving
     engine's; weight_layout="view", verify.py's --weight-layout view, passes the strided W.t()
     view instead, for kernels that honour strides). A copy whose rows would not be a multiple
-    of 16 bytes (GPT-2's vocabulary of 50257) gets zero columns (and its bias zeros) up to the
-    next multiple, and
-    the kernel's output is viewed back to N columns: unaligned rows rule out vector loads and
-    TMA and make a matmul like GPT-2's lm_head several times slower (torch.compile pads such
-    matmuls too; nanoGPT pads its vocabulary). The kernel is picked and reported by the
-    model's shape, N=50257.
+    of 128 bytes (GPT-2's vocabulary of 50257) gets zero columns (and its bias zeros) up to the
+    next multiple, and the kernel's output is viewed back to N columns: rows that are not
+    16-byte aligned rule out vector loads and TMA and make a matmul like GPT-2's lm_head
+    several times slower, and rows that are not 128-byte aligned split every TMA row of the
+    output across cache lines (the Hopper matmul ran GPT-2's lm_head 15% slower at N = 50264
+    than at 50304). torch.compile pads such matmuls too; nanoGPT pads its vocabulary. The
+    kernel is picked and reported by the model's shape, N=50257.
 """
 import contextlib
 import functools
@@ -154,10 +155,13 @@ def _output_spec(ktype, inputs):
 # The swap: which kernels are active, what they ran on, and the context that plugs them in
 # ---------------------------------------------------------------------------------------------
 
+ROW_BYTES = 128  # the matmul weight copies' rows: a multiple of one cache line
+
+
 class WeightCache:
     """Contiguous W.t() copies [K, N_padded] for the matmul kernel, made once per weight and
     shared by every swap of a run (so timing runs never pay for them). Rows are padded with
-    zero columns to a multiple of 16 bytes (see the module docstring)."""
+    zero columns to a multiple of ROW_BYTES (see the module docstring)."""
 
     def __init__(self):
         self.copies = {}
@@ -168,8 +172,8 @@ class WeightCache:
         if hit and hit[0]() is weight and _same_version(hit[1], weight):
             return hit[2]
         n, k = weight.shape
-        per_16_bytes = max(1, 16 // weight.element_size())
-        padded = -(-n // per_16_bytes) * per_16_bytes
+        per_row_unit = max(1, ROW_BYTES // weight.element_size())
+        padded = -(-n // per_row_unit) * per_row_unit
         copy = weight.new_zeros((k, padded))
         copy[:, :n] = weight.detach().t()
         self.copies[key] = (weakref.ref(weight), weight._version, copy)
@@ -426,7 +430,7 @@ def _project(swap, input, weight, bias=None, activation=None):
     A, N = _rows(input), weight.shape[0]
     if swap.weight_layout == "view":
         out = swap.run("matmul", A=A, B=weight.t(), bias=bias, activation=activation)
-    else:  # [K, N] padded to 16-byte rows: the kernel computes zero columns, the view drops them
+    else:  # [K, N] padded to 128-byte rows: the kernel computes zero columns, the view drops them
         B = swap.weights.transposed(weight)
         out = swap.run("matmul", A=A, B=B, bias=swap.weights.padded_bias(bias, B.shape[1]),
                        activation=activation, model_shape=(A.shape[0], N, A.shape[1]))[:, :N]

@@ -94,8 +94,8 @@ def test_gpt2_fp16_layernorm_and_linear_with_bias():
 
 
 def test_unaligned_vocab_is_padded_and_dispatched_by_the_model_shape(tmp_path):
-    """An odd vocabulary (GPT-2's 50257) gives W.t() rows that are not 16-byte aligned: the
-    weight copy gets zero columns, the kernel sees N=136, and the model, the report and the
+    """An odd vocabulary (GPT-2's 50257) gives W.t() rows that are not 128-byte aligned: the
+    weight copy gets zero columns, the kernel sees N=192, and the model, the report and the
     dispatch see N=131."""
     torch.manual_seed(0)
     cfg = gpt2.GPT2Config(vocab_size=131, max_seq=32, n_layer=1, n_head=2, dim=64)
@@ -109,7 +109,7 @@ def test_unaligned_vocab_is_padded_and_dispatched_by_the_model_shape(tmp_path):
         kernels, starters, plan, no_regate = None, False, str(tmp_path / "plan.json"), True
     weights = WeightCache()
     padded = weights.transposed(model.wte.weight)  # the lm_head is tied to the embedding
-    assert padded.shape == (64, 136) and padded.is_contiguous()
+    assert padded.shape == (64, 192) and padded.is_contiguous()
     assert torch.equal(padded[:, :131], model.wte.weight.t()) and not padded[:, 131:].any()
     report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), verify.select_kernels(Args)[0],
                            timing=False)
