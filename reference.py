@@ -158,9 +158,16 @@ def reduce_eager(x, dim=-1):
     return x.sum(dim=dim)
 
 
+def _blas():
+    """Who runs torch.matmul here: the matmul baseline's name in reports."""
+    if not torch.cuda.is_available():
+        return "CPU BLAS"
+    return "hipBLAS" if torch.version.hip else "cuBLAS"
+
+
 # Library baselines shown beside eager and torch.compile where one exists.
 LIBRARY = {
-    "matmul": ("cuBLAS", matmul_eager),
+    "matmul": (_blas(), matmul_eager),
     "rmsnorm": ("F.rms_norm", rmsnorm_library),
     "flash_attention": ("SDPA", flash_attention_library),
 }

@@ -40,6 +40,9 @@ def test_hopper_paths_are_taken_on_nvidia_only(monkeypatch, hip, capability, nvi
         assert precision == ("tf32x3" if nvidia_paths else "ieee"), name
     attention._hopper_device.cache_clear()
     assert (attention._hopper_device(0) is not None) is nvidia_paths
+    matmul = _starter("matmul")
+    matmul._hopper_device.cache_clear()
+    assert matmul._hopper_device(0) is nvidia_paths
 
 
 def _compile(*args):
