@@ -6,12 +6,13 @@ write_package(kernels, out, name) writes out/<name>/:
     __init__.py, kernel_types.py,  autokernel/export_template/'s files (README.md with the package's
     smoke_test.py, README.md       name and kernels filled in)
     swap.py, ops.py, cli.py,       AutoKernel's own modules (RUNTIME), copied with their imports of
-    recognize.py, reference.py     AutoKernel made package-relative (package_relative): a module the
-                                   package carries comes from it, any other name from its
+    recognize.py, reference.py,    AutoKernel made package-relative (package_relative): a module the
+    computed.py, patterns.py       package carries comes from it, any other name from its
                                    kernel_types.py. The package runs the swap rules verbatim.
     kernels/<name>.py              each kernel file, byte for byte
     manifest.json                  {"name", "exported", "source", "kernel_types": {type: {"args",
                                    "uses_dot"}} (all nine: swap.py checks its rules against them),
+                                   "tolerances": {dtype: the gate's} (computed.py's check),
                                    "kernels": [{"name", "kernel_type", "file", "shapes", "origin",
                                    "sha256", "kept"}]}
     smoke_cases.pt                 [{"kernel", "variant", "dtype", "shape", "inputs", "rtol",
@@ -46,7 +47,8 @@ TEMPLATE = Path(__file__).resolve().parent / "export_template"
 TEMPLATE_FILES = ("__init__.py", "kernel_types.py", "smoke_test.py", "README.md")
 # AutoKernel modules the package carries: its module name -> the file copied.
 RUNTIME = {"swap": "autokernel/swap.py", "ops": "autokernel/ops.py", "cli": "autokernel/cli.py",
-           "recognize": "autokernel/recognize.py", "reference": "reference.py"}
+           "recognize": "autokernel/recognize.py", "reference": "reference.py",
+           "computed": "autokernel/computed.py", "patterns": "autokernel/patterns.py"}
 SHIM = "kernel_types"  # the package's stand-in for every other name of AutoKernel
 SMOKE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -161,6 +163,7 @@ def _write(pkg, kernels, name, source, log):
         "source": source,
         "kernel_types": {t: {"args": list(kt.args), "uses_dot": kt.uses_dot}
                          for t, kt in KERNEL_TYPES.items()},
+        "tolerances": {DTYPE_NAMES[d]: tol for d, tol in TOLERANCES.items()},
         "kernels": [{"name": k.name, "kernel_type": k.kernel_type, "file": files[k.name],
                      "shapes": [list(s) for s in k.shapes], "origin": rel(k.path),
                      "sha256": digest(k.path.read_bytes()), "kept": k.kept} for k in kernels]}

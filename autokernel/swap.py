@@ -24,7 +24,9 @@ The rules (SWAP_RULES, one entry per kernel type):
     price: a name bound before the swap (`from torch.nn.functional import linear`) is not seen.
   * Module swaps: RMSNorm-like modules (rmsnorm), SwiGLU MLPs with w_gate/w_up/w_down or
     gate_proj/up_proj/down_proj (fused_mlp), models/layers.RotaryEmbedding and transformers'
-    LLaMA-style apply_rotary_pos_emb (rotary_embedding).
+    LLaMA-style apply_rotary_pos_emb (rotary_embedding), and norm modules of any name whose
+    forward computes rmsnorm or layernorm (autokernel/computed.py: recognized from their graph,
+    confirmed by their output).
   * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
     without enable_gqa, ...) runs the original op and is counted as a fallback with its reason.
     A kernel that never ran during the forward is a FAILURE, not a replacement.
@@ -58,7 +60,7 @@ import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 
 import autokernel
-from autokernel import ops
+from autokernel import computed, ops
 from autokernel.cli import describe
 from autokernel.recognize import is_last_dim, one_dim, reduce_shape
 from autokernel.results import rel
@@ -686,6 +688,32 @@ def _rmsnorm_module(swap, module):
     return forward
 
 
+def _computed_norm(ktype):
+    """A hand-written norm module of this type, recognized by what its forward computes
+    (autokernel/computed.py), whatever its class is called."""
+    def matcher(swap, module):
+        if not computed.candidate(module):
+            return None
+        found, eps = computed.verdict(module)
+        if found != ktype:
+            return None
+        reading = computed.reading(module, ktype, eps)
+        if isinstance(reading, str):
+            return reading
+        weight, bias = reading["weight"], reading["bias"]
+        original = module.forward
+
+        def forward(x, *args, **kwargs):
+            if args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != weight.dtype \
+                    or x.shape[-1] != weight.shape[0] or x.numel() == 0:
+                swap.fallback(ktype, "input dtype or width differs from the weight's")
+                return original(x, *args, **kwargs)
+            extra = {"bias": bias} if ktype == "layernorm" else {}
+            return swap.run(ktype, x=_rows(x), weight=weight, eps=eps, **extra).view(x.shape)
+        return forward
+    return matcher
+
+
 def _offset_weight(cls):
     """Whether an RMSNorm class scales by (1 + weight), as Gemma's does: not the contract's."""
     try:
@@ -917,8 +945,10 @@ SWAP_RULES = {
     "softmax": SwapRule(functions={(F, "softmax"): _softmax_functional,
                                    (torch, "softmax"): _softmax_torch,
                                    (T, "softmax"): _softmax_torch}),
-    "layernorm": SwapRule(functions={(F, "layer_norm"): _layer_norm}),
-    "rmsnorm": SwapRule(functions={(F, "rms_norm"): _rms_norm}, modules=(_rmsnorm_module,)),
+    "layernorm": SwapRule(functions={(F, "layer_norm"): _layer_norm},
+                          modules=(_computed_norm("layernorm"),)),
+    "rmsnorm": SwapRule(functions={(F, "rms_norm"): _rms_norm},
+                        modules=(_rmsnorm_module, _computed_norm("rmsnorm"))),
     "flash_attention": SwapRule(functions={(F, "scaled_dot_product_attention"): _sdpa},
                                 patches=(_hf_mask_patches,)),
     "fused_mlp": SwapRule(modules=(_swiglu_module,),

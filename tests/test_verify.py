@@ -188,6 +188,66 @@ def test_rmsnorm_module_with_its_own_eps_is_swapped_and_a_missing_kernel_fails()
     assert any("no matching op in the model" in f for f in report["failures"])
 
 
+class Scale(nn.Module):  # a leaf with a 1-D weight that is no norm: left alone
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class Norm(nn.Module):  # RMSNorm by hand, under a name no rule knows, eps in the code
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+
+class LN(nn.Module):  # LayerNorm by hand: var_mean, its own eps attribute, weight and bias
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight, self.bias, self.eps = nn.Parameter(torch.ones(n)), \
+            nn.Parameter(torch.zeros(n)), eps
+
+    def forward(self, x):
+        var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class OffByEps(Norm):  # computes RMSNorm, but eps 1e-5 is not what its graph says (1e-1)
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-1) * self.weight \
+            if x.shape[0] == 4 else super().forward(x)
+
+
+class HandWritten(nn.Module):
+    def __init__(self, n=32):
+        super().__init__()
+        self.a, self.b, self.c = Norm(n), LN(n, 1e-6), LN(n, 1e-3)
+        self.scale, self.odd, self.proj = Scale(n), OffByEps(n), nn.Linear(n, n)
+
+    def forward(self, x):
+        return self.odd(self.scale(self.c(self.proj(self.b(self.a(x))))))
+
+
+def test_norms_written_by_hand_are_recognized_by_what_they_compute():
+    """Modules no name-based rule knows get the norm kernels when their captured graph is one
+    rmsnorm or layernorm and their output confirms the reading (eps from the graph, their own
+    weight and bias); a module whose numbers disagree keeps its forward, with the reason."""
+    torch.manual_seed(0)
+    model = nontrivial_norms(HandWritten())
+    report = verify.verify(model, {"x": torch.randn(2, 5, 32)}, kernels("rmsnorm", "layernorm"),
+                           timing=False)
+    entries = by_name(report)
+    assert entries["rmsnorm"]["calls"] == 1 and entries["layernorm"]["calls"] == 2, entries
+    assert report["correctness"]["passed"], report["correctness"]
+    skipped = entries["rmsnorm"]["skipped"]
+    assert any("differs from rmsnorm with eps 0.1" in reason for reason in skipped), skipped
+
+
 def test_crashing_and_misshapen_kernels_are_named(tmp_path):
     bad = tmp_path / "bad_reduce.py"
     bad.write_text('KERNEL_TYPE = "reduce"\n\ndef kernel_fn(x, dim=-1):\n'

@@ -21,6 +21,8 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = json.loads((HERE / "manifest.json").read_text())
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOLERANCES = {DTYPES[name]: tol for name, tol in MANIFEST["tolerances"].items()}
 
 from . import reference  # noqa: E402
 
