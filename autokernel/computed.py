@@ -1,34 +1,36 @@
 """
-Module swaps by computation: a norm module written by hand, whatever its class is called.
+Module swaps by computation: norms and gated MLPs written by hand, whatever their class is called.
 
-The swap's name-based rules plug kernels into modules they know (classes named *RMSNorm, torch's
+The swap's name-based rules plug kernels into modules they know (classes named *RMSNorm, MLPs
+whose projections are called gate_proj/up_proj/down_proj or w_gate/w_up/w_down, torch's
 F.layer_norm and F.rms_norm). A user's `class Norm(nn.Module)` whose forward spells
-`x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight` is recognized by
-profile.py (autokernel/patterns.py) but would never reach a kernel. Here such a module is
-recognized the same way and confirmed by numbers before it is swapped:
+`x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight`, or Meta's LLaMA
+`FeedForward` (`self.w2(F.silu(self.w1(x)) * self.w3(x))`), is recognized by profile.py
+(autokernel/patterns.py) but would never reach a kernel. Here such a module is recognized the
+same way and confirmed by numbers before it is swapped:
   1. its forward is captured under Dynamo on a small probe input and matched by the patterns;
-     it qualifies when the whole forward is one rmsnorm or layernorm match (its output is the
-     module's output) over the last dim;
-  2. eps is read from the graph (the number added to the statistic), the weight and bias are the
-     module's own 1-D parameters;
-  3. the module's output on probe rows of very different scales (where a wrong eps shows) must
-     match reference.py's oracle with that reading, within the dtype's tolerance.
+     it qualifies when the whole forward is one match of a type below (its output is the
+     module's output);
+  2. the kernel's arguments are read off the module: a norm's eps from its graph (the number
+     added to the statistic) and its own 1-D weight and bias; an MLP's down projection by its
+     shape, gate and up by which order reproduces the output;
+  3. the module's output must match reference.py's oracle with that reading, within the
+     dtype's tolerance (a norm's probe rows span scales 1 to 1e-4, where a wrong eps shows).
 A module that fails any step keeps its forward, with the reason in the swap's report. The
-capture runs once per class, width, dtype, parameters and number attributes (its eps); step 3
-runs for every module.
+capture runs once per class, parameter shapes and dtypes and number attributes (an eps);
+step 3 runs for every module.
 """
 import torch
+import torch.nn as nn
 
 from autokernel import patterns
 from autokernel.kernel_types import TOLERANCES
 
-NORM_TYPES = ("rmsnorm", "layernorm")
 
-
-def candidate(module):
+def norm_candidate(module):
     """A leaf module holding a 1-D `weight` (and maybe a `bias` of its size) and nothing else,
     not one of torch's own layers (their functional calls are patched instead)."""
-    if next(module.children(), None) is not None or type(module).__module__.startswith("torch."):
+    if next(module.children(), None) is not None or _torch_layer(module):
         return False
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
@@ -37,68 +39,111 @@ def candidate(module):
             and (params.get("bias") is None or params["bias"].shape == weight.shape))
 
 
+def mlp_candidate(module):
+    """Three bias-free nn.Linear children of one dtype and nothing else: D -> F twice, F -> D."""
+    children = list(module.children())
+    if _torch_layer(module) or len(children) != 3 \
+            or next(module.parameters(recurse=False), None) is not None \
+            or not all(isinstance(c, nn.Linear) and c.bias is None for c in children):
+        return False
+    return _projections(children) is not None and children[0].weight.dtype in TOLERANCES \
+        and len({c.weight.dtype for c in children}) == 1
+
+
 def verdict(module):
-    """(kernel type, eps) when a candidate module's forward is one norm by its graph, else
-    (None, None)."""
-    weight, bias = module.weight, getattr(module, "bias", None)
+    """(kernel type, eps or None) when the module's forward is one match by its graph (a norm
+    or a gated MLP), else (None, None)."""
+    params = tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in module.named_parameters())
     scalars = tuple(sorted((k, v) for k, v in vars(module).items()
                            if isinstance(v, (int, float))))  # an eps attribute, say
-    key = (type(module), weight.shape[0], weight.dtype, weight.device, bias is not None, scalars)
+    key = (type(module), params, scalars)
     if key not in _VERDICTS:
         _VERDICTS[key] = _graph_verdict(module)
     return _VERDICTS[key]
 
 
-def reading(module, ktype, eps):
-    """{"eps", "weight", "bias"} for the kernel when the module's output confirms them, else
-    the reason it does not."""
+# (class, its parameters' names, shapes, dtypes and devices, number attributes) ->
+# (kernel type or None, eps or None)
+_VERDICTS = {}
+TYPES = ("rmsnorm", "layernorm", "fused_mlp")
+
+
+def norm_reading(module, ktype, eps):
+    """{"eps", "weight", "bias"} for the norm kernel when the module's output confirms them,
+    else the reason it does not."""
     found = {"eps": eps, "weight": module.weight, "bias": getattr(module, "bias", None)}
-    if not _confirmed(module, ktype, found):
+    weight = found["weight"]
+    scales = torch.tensor([1.0, 1e-3, 1e-4], device=weight.device).repeat_interleave(2)
+    x = (torch.randn(6, weight.shape[0], device=weight.device) * scales[:, None]).to(weight.dtype)
+
+    def oracle(x):
+        import reference
+        if ktype == "rmsnorm":
+            return reference.rmsnorm(x, weight, eps)
+        return reference.layernorm(x, weight, found["bias"], eps)
+    if not _matches(module, oracle, x):
         return (f"skipped: its graph computes {ktype}, but its output differs from {ktype} "
                 f"with eps {eps:g} and its own weight")
     return found
 
 
-# (class, width, dtype, device, has a bias, number attributes) -> (kernel type or None, eps)
-_VERDICTS = {}
+def mlp_reading(module):
+    """{"w_gate", "w_up", "w_down"} for the fused_mlp kernel: the order of the two D -> F
+    projections that reproduces the module's output, else the reason none does."""
+    import reference
+    (a, b), down = _projections(list(module.children()))
+    x = torch.randn(6, down.out_features, device=down.weight.device).to(down.weight.dtype)
+    for gate, up in ((a, b), (b, a)):
+        weights = {"w_gate": gate.weight, "w_up": up.weight, "w_down": down.weight}
+        if _matches(module, lambda x: reference.fused_mlp(x, **weights), x):
+            return weights
+    return "skipped: its graph computes a gated MLP, but not silu(gate(x)) * up(x) -> down"
+
+
+def _torch_layer(module):
+    return type(module).__module__.startswith("torch.")
+
+
+def _projections(linears):
+    """((the two D -> F projections), the F -> D one) of three linears, or None."""
+    for down in linears:
+        ins = [m for m in linears if m is not down]
+        if all(m.in_features == down.out_features and m.out_features == down.in_features
+               for m in ins):
+            return tuple(ins), down
+    return None
 
 
 def _graph_verdict(module):
-    """(kernel type, eps) when the module's forward is one norm match, else (None, None)."""
-    weight = module.weight
+    """(kernel type, eps) when the module's forward is one match of TYPES, else (None, None)."""
+    if mlp_candidate(module):
+        weight = _projections(list(module.children()))[1].weight  # the down projection: [D, F]
+    else:
+        weight = module.weight.t()  # a norm's [N] weight, as a row
     x = torch.randn(4, weight.shape[0], device=weight.device, dtype=weight.dtype)
     try:
         with torch.no_grad():
             _, matches = patterns.capture(lambda t: module(t), (x,))
     except Exception:  # noqa: BLE001  (an untraceable forward keeps its own)
         return None, None
-    if len(matches) != 1 or matches[0].ktype not in NORM_TYPES or matches[0].shape is None \
+    if len(matches) != 1 or matches[0].ktype not in TYPES or matches[0].shape is None \
             or matches[0].variant.get("affine") is False or not _is_output(matches[0].output):
         return None, None
     match = matches[0]
     eps = next((float(a) for n in match.nodes if patterns.op(n) == "add"
                 for a in n.args if patterns._number(a)), 0.0)
-    return match.ktype, eps
+    return match.ktype, eps if match.ktype != "fused_mlp" else None
 
 
 def _is_output(node):
     return any(user.op == "output" for user in node.users)
 
 
-def _confirmed(module, ktype, reading):
-    """The module's output equals the oracle's with this reading, on rows of scale 1, 1e-3 and
-    1e-4 (where eps is most of the statistic)."""
-    import reference
-    weight = reading["weight"]
-    scales = torch.tensor([1.0, 1e-3, 1e-4], device=weight.device).repeat_interleave(2)
-    x = (torch.randn(6, weight.shape[0], device=weight.device) * scales[:, None]).to(weight.dtype)
+def _matches(module, oracle, x):
+    """The module's output on x equals the oracle's within the dtype's tolerance."""
     with torch.no_grad():
-        got = module(x)
-        if ktype == "rmsnorm":
-            want = reference.rmsnorm(x, weight, reading["eps"])
-        else:
-            want = reference.layernorm(x, weight, reading["bias"], reading["eps"])
+        got, want = module(x), oracle(x)
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return False
-    tol = TOLERANCES[weight.dtype]
-    return bool(torch.allclose(got.float(), want.float(), rtol=tol, atol=tol))
+    tol = TOLERANCES[x.dtype]
+    return bool(torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.abs().max()))

@@ -24,9 +24,9 @@ The rules (SWAP_RULES, one entry per kernel type):
     price: a name bound before the swap (`from torch.nn.functional import linear`) is not seen.
   * Module swaps: RMSNorm-like modules (rmsnorm), SwiGLU MLPs with w_gate/w_up/w_down or
     gate_proj/up_proj/down_proj (fused_mlp), models/layers.RotaryEmbedding and transformers'
-    LLaMA-style apply_rotary_pos_emb (rotary_embedding), and norm modules of any name whose
-    forward computes rmsnorm or layernorm (autokernel/computed.py: recognized from their graph,
-    confirmed by their output).
+    LLaMA-style apply_rotary_pos_emb (rotary_embedding), and norm and gated-MLP modules of any
+    name whose forward computes rmsnorm, layernorm or fused_mlp (autokernel/computed.py:
+    recognized from their graph, confirmed by their output).
   * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
     without enable_gqa, ...) runs the original op and is counted as a fallback with its reason.
     A kernel that never ran during the forward is a FAILURE, not a replacement.
@@ -692,12 +692,12 @@ def _computed_norm(ktype):
     """A hand-written norm module of this type, recognized by what its forward computes
     (autokernel/computed.py), whatever its class is called."""
     def matcher(swap, module):
-        if not computed.candidate(module):
+        if not computed.norm_candidate(module):
             return None
         found, eps = computed.verdict(module)
         if found != ktype:
             return None
-        reading = computed.reading(module, ktype, eps)
+        reading = computed.norm_reading(module, ktype, eps)
         if isinstance(reading, str):
             return reading
         weight, bias = reading["weight"], reading["bias"]
@@ -738,15 +738,28 @@ def _swiglu_module(swap, module):
         (act is not None and (isinstance(act, nn.SiLU) or "SiLU" in type(act).__name__))
     if not is_silu:
         return "skipped: activation is not SiLU"
+    return _fused_mlp_forward(swap, module, gate.weight, up.weight, down.weight)
+
+
+def _computed_mlp(swap, module):
+    """A gated MLP of any names, recognized by what its forward computes (computed.py)."""
+    if not computed.mlp_candidate(module) or computed.verdict(module)[0] != "fused_mlp":
+        return None
+    reading = computed.mlp_reading(module)
+    if isinstance(reading, str):
+        return reading
+    return _fused_mlp_forward(swap, module, **reading)
+
+
+def _fused_mlp_forward(swap, module, w_gate, w_up, w_down):
     original = module.forward
 
     def forward(x, *args, **kwargs):
-        w = gate.weight
-        if args or kwargs or x.dtype != w.dtype or x.dtype not in FLOAT_DTYPES:
+        if args or kwargs or x.dtype != w_gate.dtype or x.dtype not in FLOAT_DTYPES:
             swap.fallback("fused_mlp", "dtype outside the contract")
             return original(x, *args, **kwargs)
-        out = swap.run("fused_mlp", x=_rows(x), w_gate=w, w_up=up.weight, w_down=down.weight)
-        return out.view(*x.shape[:-1], down.weight.shape[0])
+        out = swap.run("fused_mlp", x=_rows(x), w_gate=w_gate, w_up=w_up, w_down=w_down)
+        return out.view(*x.shape[:-1], w_down.shape[0])
     return forward
 
 
@@ -951,7 +964,7 @@ SWAP_RULES = {
                         modules=(_rmsnorm_module, _computed_norm("rmsnorm"))),
     "flash_attention": SwapRule(functions={(F, "scaled_dot_product_attention"): _sdpa},
                                 patches=(_hf_mask_patches,)),
-    "fused_mlp": SwapRule(modules=(_swiglu_module,),
+    "fused_mlp": SwapRule(modules=(_swiglu_module, _computed_mlp),
                           contract_shape=lambda t: (t["x"].shape[0], t["x"].shape[1],
                                                     t["w_gate"].shape[0])),
     "cross_entropy": SwapRule(functions={(F, "cross_entropy"): _cross_entropy}),

@@ -223,26 +223,46 @@ class OffByEps(Norm):  # computes RMSNorm, but eps 1e-5 is not what its graph sa
             if x.shape[0] == 4 else super().forward(x)
 
 
+class FeedForward(nn.Module):  # Meta's LLaMA MLP: w1 gate, w3 up, w2 down
+    def __init__(self, n, hidden):
+        super().__init__()
+        # up registered first: which projection is the gate is found by the numbers
+        self.w3, self.w2, self.w1 = nn.Linear(n, hidden, bias=False), \
+            nn.Linear(hidden, n, bias=False), nn.Linear(n, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Ungated(FeedForward):  # three projections, no gate: left alone
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) + self.w3(x))
+
+
 class HandWritten(nn.Module):
     def __init__(self, n=32):
         super().__init__()
         self.a, self.b, self.c = Norm(n), LN(n, 1e-6), LN(n, 1e-3)
         self.scale, self.odd, self.proj = Scale(n), OffByEps(n), nn.Linear(n, n)
+        self.ffn, self.ungated = FeedForward(n, 48), Ungated(n, 48)
 
     def forward(self, x):
-        return self.odd(self.scale(self.c(self.proj(self.b(self.a(x))))))
+        x = self.odd(self.scale(self.c(self.proj(self.b(self.a(x))))))
+        return self.ungated(x + self.ffn(x))
 
 
-def test_norms_written_by_hand_are_recognized_by_what_they_compute():
-    """Modules no name-based rule knows get the norm kernels when their captured graph is one
-    rmsnorm or layernorm and their output confirms the reading (eps from the graph, their own
-    weight and bias); a module whose numbers disagree keeps its forward, with the reason."""
+def test_norms_and_mlps_written_by_hand_are_recognized_by_what_they_compute():
+    """Modules no name-based rule knows get the kernels when their captured graph is one
+    rmsnorm, layernorm or gated MLP and their output confirms the reading (a norm's eps from
+    the graph and its own weight and bias; which projection is the gate); a module whose numbers
+    disagree keeps its forward, with the reason."""
     torch.manual_seed(0)
     model = nontrivial_norms(HandWritten())
-    report = verify.verify(model, {"x": torch.randn(2, 5, 32)}, kernels("rmsnorm", "layernorm"),
-                           timing=False)
+    report = verify.verify(model, {"x": torch.randn(2, 5, 32)},
+                           kernels("rmsnorm", "layernorm", "fused_mlp"), timing=False)
     entries = by_name(report)
     assert entries["rmsnorm"]["calls"] == 1 and entries["layernorm"]["calls"] == 2, entries
+    assert entries["fused_mlp"]["calls"] == 1, entries
     assert report["correctness"]["passed"], report["correctness"]
     skipped = entries["rmsnorm"]["skipped"]
     assert any("differs from rmsnorm with eps 0.1" in reason for reason in skipped), skipped
