@@ -32,16 +32,16 @@ The rules (SWAP_RULES, one entry per kernel type):
     A kernel that never ran during the forward is a FAILURE, not a replacement.
   * Glue outside the kernels is torch and is counted in the timings: non-contiguous arguments
     are copied to contiguous ones, cos/sin tables are sliced and cast. Weights for the matmul
-    kernel are transposed to contiguous [K, N] copies ONCE per weight (a load-time layout change, like a serving
-    engine's; weight_layout="view", verify.py's --weight-layout view, passes the strided W.t()
-    view instead, for kernels that honour strides). A copy whose rows would not be a multiple
-    of 128 bytes (GPT-2's vocabulary of 50257) gets zero columns (and its bias zeros) up to the
-    next multiple, and the kernel's output is viewed back to N columns: rows that are not
-    16-byte aligned rule out vector loads and TMA and make a matmul like GPT-2's lm_head
-    several times slower, and rows that are not 128-byte aligned split every TMA row of the
-    output across cache lines (the Hopper matmul ran GPT-2's lm_head 15% slower at N = 50264
-    than at 50304). torch.compile pads such matmuls too; nanoGPT pads its vocabulary. The
-    kernel is picked and reported by the model's shape, N=50257.
+    kernel are transposed to contiguous [K, N] copies ONCE per weight (a load-time layout
+    change, like a serving engine's; weight_layout="view", verify.py's --weight-layout view,
+    passes the strided W.t() view instead, for kernels that honour strides). A copy whose rows
+    would not be a multiple of 128 bytes (GPT-2's vocabulary of 50257) gets zero columns (and
+    its bias zeros) up to the next multiple, and the kernel's output is viewed back to N
+    columns: rows that are not 16-byte aligned rule out vector loads and TMA and make a matmul
+    like GPT-2's lm_head several times slower, and rows that are not 128-byte aligned split
+    every TMA row of the output across cache lines (the Hopper matmul ran GPT-2's lm_head 15%
+    slower at N = 50264 than at 50304). torch.compile pads such matmuls too; nanoGPT pads its
+    vocabulary. The kernel is picked and reported by the model's shape, N=50257.
 """
 import contextlib
 import functools
