@@ -401,7 +401,7 @@ def print_report(result, top):
         print(f"roofline:     {c['tflops']:.0f} TFLOP/s, {c['bandwidth_gb_s']:.0f} GB/s, "
               f"{c['source']}")
     print()
-    header = (f"{'#':>3}  {'op':<34} {'group':<15} {'type':<17} {'time':>10} {'share':>6} "
+    header = (f"{'#':>3}  {'op':<34} {'group':<16} {'type':<17} {'time':>10} {'share':>6} "
               f"{'calls':>6} {'bound':<8} {'roofline':>8} {'amdahl':>7}  top shape")
     print(header)
     print("-" * len(header))
@@ -411,7 +411,7 @@ def print_report(result, top):
         shape = "x".join(map(str, e["shapes"][0])) if e["shapes"] else (
             "(none: " + e["note"][:70] + ")" if e["note"] else "-")
         more = f" (+{len(e['shapes']) - 1})" if len(e["shapes"]) > 1 else ""
-        print(f"{i:>3}  {e['name'][:34]:<34} {e['group']:<15} {e['kernel_type'] or '-':<17} "
+        print(f"{i:>3}  {e['name'][:34]:<34} {e['group']:<16} {e['kernel_type'] or '-':<17} "
               f"{_us(e['time_us']):>10} {100 * e['share']:>5.1f}% {e['calls']:>6g} "
               f"{e['bound']:<8} {roof:>8} {amdahl:>7}  {shape}{more}")
     if len(r["entries"]) > top:
