@@ -587,12 +587,17 @@ def _ensure_allocator():
 
 
 def _hopper_ok(A, B, C):
-    """Half precision on a Hopper GPU, at least PERSISTENT_MIN_MACS, A with contiguous rows of
-    K and B either way round, all TMA-describable (16-byte aligned rows)."""
+    """On a Hopper GPU, operands the Gluon kernel takes (_hopper_operands)."""
+    return A.is_cuda and _hopper_device(A.device.index) and _hopper_operands(A, B, C)
+
+
+def _hopper_operands(A, B, C):
+    """Half precision, at least PERSISTENT_MIN_MACS, A with contiguous rows of K and B either
+    way round, all TMA-describable (16-byte aligned rows)."""
     M, K = A.shape
     N = B.shape[1]
-    return (A.is_cuda and A.dtype in (torch.float16, torch.bfloat16) and B.dtype == A.dtype
-            and M * N * K >= PERSISTENT_MIN_MACS and _hopper_device(A.device.index)
+    return (A.dtype in (torch.float16, torch.bfloat16) and B.dtype == A.dtype
+            and M * N * K >= PERSISTENT_MIN_MACS
             and A.stride(1) == 1 and _describable(A) and _describable(C)
             and ((B.stride(1) == 1 and _describable(B))
                  or (B.stride(0) == 1 and _describable(B.t()))))

@@ -120,6 +120,24 @@ def test_matmul_persistent_path():
                            reference.matmul(A, W.t()))
 
 
+def test_matmul_hopper_kernel_takes_only_operands_it_can_read():
+    """The Gluon kernel's operand check (its GPU check aside): 16-bit, big enough, A's rows
+    contiguous, B either way round, every row 16-byte aligned; everything else stays on the
+    Triton paths."""
+    mm = load("matmul")
+    M, N, K = 1024, 1024, 1024  # 2^30 multiply-adds: the smallest problem it takes
+    A, W = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
+    C = torch.empty(M, N, dtype=torch.bfloat16)
+    assert mm._hopper_operands(A, W.t().contiguous(), C)  # B as the swap gives it, [K, N]
+    assert mm._hopper_operands(A, W.t(), C)               # B = W.t(), read as W's rows
+    assert not mm._hopper_operands(A.float(), W.t().float(), C.float())    # fp32: tf32x3 paths
+    assert not mm._hopper_operands(A.t().contiguous().t(), W.t(), C)       # A column-major
+    assert not mm._hopper_operands(A[:512], W.t(), C[:512])                # 2^29: host-bound
+    rows = lambda pad: torch.empty(M, K + pad, dtype=torch.bfloat16)[:, :K]  # noqa: E731
+    assert mm._hopper_operands(rows(8), W.t(), C)      # rows 2064 bytes apart: aligned
+    assert not mm._hopper_operands(rows(1), W.t(), C)  # 2050 bytes apart: TMA cannot
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "fp32"])
 def test_matmul_bias_epilogue(dtype):
     """bias[N] added in the epilogue: through kernel_fn at odd N (a ragged last column block,
