@@ -13,7 +13,8 @@ same way and confirmed by numbers before it is swapped:
      module's output);
   2. the kernel's arguments are read off the module: a norm's eps from its graph (the number
      added to the statistic) and its own 1-D weight and bias; an MLP's down projection by its
-     shape, gate and up by which order reproduces the output;
+     shape, gate and up (two projections, or the halves of a fused one) by which order
+     reproduces the output;
   3. the module's output must match reference.py's oracle with that reading, within the
      dtype's tolerance (a norm's probe rows span scales 1 to 1e-4, where a wrong eps shows).
 A module that fails any step keeps its forward, with the reason in the swap's report. The
@@ -40,14 +41,17 @@ def norm_candidate(module):
 
 
 def mlp_candidate(module):
-    """Three bias-free nn.Linear children of one dtype and nothing else: D -> F twice, F -> D."""
+    """Bias-free nn.Linear children of one dtype, D -> F twice and F -> D (or D -> 2F fused and
+    F -> D), other children without parameters (an activation module), nothing else."""
     children = list(module.children())
-    if _torch_layer(module) or len(children) != 3 \
-            or next(module.parameters(recurse=False), None) is not None \
-            or not all(isinstance(c, nn.Linear) and c.bias is None for c in children):
+    linears = [c for c in children if isinstance(c, nn.Linear)]
+    if _torch_layer(module) or next(module.parameters(recurse=False), None) is not None \
+            or any(next(c.parameters(), None) is not None for c in children
+                   if not isinstance(c, nn.Linear)) \
+            or not linears or any(c.bias is not None for c in linears):
         return False
-    return _projections(children) is not None and children[0].weight.dtype in TOLERANCES \
-        and len({c.weight.dtype for c in children}) == 1
+    return _projections(linears) is not None and linears[0].weight.dtype in TOLERANCES \
+        and len({c.weight.dtype for c in linears}) == 1
 
 
 def verdict(module):
@@ -89,12 +93,13 @@ def norm_reading(module, ktype, eps):
 
 def mlp_reading(module):
     """{"w_gate", "w_up", "w_down"} for the fused_mlp kernel: the order of the two D -> F
-    projections that reproduces the module's output, else the reason none does."""
+    weights (two projections, or the halves of a fused one) that reproduces the module's
+    output, else the reason none does."""
     import reference
-    (a, b), down = _projections(list(module.children()))
+    (a, b), down = _projections(_linears(module))
     x = torch.randn(6, down.out_features, device=down.weight.device).to(down.weight.dtype)
     for gate, up in ((a, b), (b, a)):
-        weights = {"w_gate": gate.weight, "w_up": up.weight, "w_down": down.weight}
+        weights = {"w_gate": gate, "w_up": up, "w_down": down.weight}
         if _matches(module, lambda x: reference.fused_mlp(x, **weights), x):
             return weights
     return "skipped: its graph computes a gated MLP, but not silu(gate(x)) * up(x) -> down"
@@ -104,20 +109,28 @@ def _torch_layer(module):
     return type(module).__module__.startswith("torch.")
 
 
+def _linears(module):
+    return [c for c in module.children() if isinstance(c, nn.Linear)]
+
+
 def _projections(linears):
-    """((the two D -> F projections), the F -> D one) of three linears, or None."""
+    """((the two [F, D] gate/up weights in either role), the F -> D projection) of three
+    linears, or of two where one is D -> 2F (its halves), else None."""
     for down in linears:
         ins = [m for m in linears if m is not down]
-        if all(m.in_features == down.out_features and m.out_features == down.in_features
-               for m in ins):
-            return tuple(ins), down
+        if len(ins) == 2 and all(m.in_features == down.out_features
+                                 and m.out_features == down.in_features for m in ins):
+            return (ins[0].weight, ins[1].weight), down
+        if len(ins) == 1 and ins[0].in_features == down.out_features \
+                and ins[0].out_features == 2 * down.in_features:
+            return tuple(ins[0].weight.chunk(2)), down
     return None
 
 
 def _graph_verdict(module):
     """(kernel type, eps) when the module's forward is one match of TYPES, else (None, None)."""
     if mlp_candidate(module):
-        weight = _projections(list(module.children()))[1].weight  # the down projection: [D, F]
+        weight = _projections(_linears(module))[1].weight  # the down projection: [D, F]
     else:
         weight = module.weight.t()  # a norm's [N] weight, as a row
     x = torch.randn(4, weight.shape[0], device=weight.device, dtype=weight.dtype)

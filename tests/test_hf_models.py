@@ -28,6 +28,10 @@ MODELS = {
         **DECODER, num_key_value_heads=2, rms_norm_eps=1e-6)), LLAMA_TYPES),
     "mistral": (lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
         **DECODER, num_key_value_heads=2, rms_norm_eps=1e-5, sliding_window=None)), LLAMA_TYPES),
+    # Phi-3: q/k/v in one projection, gate and up in one (its halves go to the fused_mlp
+    # kernel: autokernel/computed.py finds which half is the gate).
+    "phi3": (lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **DECODER, num_key_value_heads=2, pad_token_id=0)), LLAMA_TYPES),
     # GPT-2: Conv1D projections (torch.addmm with a bias), layernorm eps 1e-5, causal attention.
     "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_embd=32, n_layer=1, n_head=2, vocab_size=96, n_positions=64)), ENCODER_TYPES),
