@@ -12,9 +12,9 @@ same way and confirmed by numbers before it is swapped:
      it qualifies when the whole forward is one match of a type below (its output is the
      module's output);
   2. the kernel's arguments are read off the module: a norm's eps from its graph (the number
-     added to the statistic) and its own 1-D weight and bias; an MLP's down projection by its
-     shape, gate and up (two projections, or the halves of a fused one) by which order
-     reproduces the output;
+     added to the statistic), its own 1-D weight (or 1 + weight, as Gemma scales) and bias;
+     an MLP's down projection by its shape, gate and up (two projections, or the halves of a
+     fused one) by which order reproduces the output;
   3. the module's output must match reference.py's oracle with that reading, within the
      dtype's tolerance (a norm's probe rows span scales 1 to 1e-4, where a wrong eps shows).
 A module that fails any step keeps its forward, with the reason in the swap's report. The
@@ -74,21 +74,22 @@ TYPES = ("rmsnorm", "layernorm", "fused_mlp")
 
 def norm_reading(module, ktype, eps):
     """{"eps", "weight", "bias"} for the norm kernel when the module's output confirms them,
-    else the reason it does not."""
-    found = {"eps": eps, "weight": module.weight, "bias": getattr(module, "bias", None)}
-    weight = found["weight"]
+    else the reason it does not. The weight is the module's own, or 1 + it (Gemma's RMSNorm
+    scales by 1 + weight: a copy made here, at install)."""
+    import reference
+    weight, bias = module.weight, getattr(module, "bias", None)
     scales = torch.tensor([1.0, 1e-3, 1e-4], device=weight.device).repeat_interleave(2)
     x = (torch.randn(6, weight.shape[0], device=weight.device) * scales[:, None]).to(weight.dtype)
-
-    def oracle(x):
-        import reference
-        if ktype == "rmsnorm":
-            return reference.rmsnorm(x, weight, eps)
-        return reference.layernorm(x, weight, found["bias"], eps)
-    if not _matches(module, oracle, x):
-        return (f"skipped: its graph computes {ktype}, but its output differs from {ktype} "
-                f"with eps {eps:g} and its own weight")
-    return found
+    with torch.no_grad():
+        for w in (weight, 1 + weight.detach()):
+            if ktype == "rmsnorm":
+                oracle = lambda x: reference.rmsnorm(x, w, eps)  # noqa: E731
+            else:
+                oracle = lambda x: reference.layernorm(x, w, bias, eps)  # noqa: E731
+            if _matches(module, oracle, x):
+                return {"eps": eps, "weight": w, "bias": bias}
+    return (f"skipped: its graph computes {ktype}, but its output differs from {ktype} "
+            f"with eps {eps:g} and its own weight")
 
 
 def mlp_reading(module):
@@ -136,7 +137,7 @@ def _graph_verdict(module):
     x = torch.randn(4, weight.shape[0], device=weight.device, dtype=weight.dtype)
     try:
         with torch.no_grad():
-            _, matches = patterns.capture(lambda t: module(t), (x,))
+            _, matches = patterns.capture(_probe(module), (x,))
     except Exception:  # noqa: BLE001  (an untraceable forward keeps its own)
         return None, None
     if len(matches) != 1 or matches[0].ktype not in TYPES or matches[0].shape is None \
@@ -146,6 +147,16 @@ def _graph_verdict(module):
     eps = next((float(a) for n in match.nodes if patterns.op(n) == "add"
                 for a in n.args if patterns._number(a)), 0.0)
     return match.ktype, eps if match.ktype != "fused_mlp" else None
+
+
+def _probe(module):
+    """A function calling the module, with a code object of its own: Dynamo caches what it
+    compiled per code object and stops compiling one after a few variants (its recompile
+    limit), and every probed module would be one more variant of a shared lambda."""
+    def forward(t):
+        return module(t)
+    forward.__code__ = forward.__code__.replace()
+    return forward
 
 
 def _is_output(node):

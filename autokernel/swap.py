@@ -284,14 +284,18 @@ class Swap:
             for ktype, rule in SWAP_RULES.items():
                 if not self.active(ktype) or id(module) in swapped:
                     continue
+                reasons = []  # why matchers passed: reported only if none swaps the module
                 for matcher in rule.modules:
                     found = matcher(self, module)
                     if isinstance(found, str):
-                        self.skipped[ktype][found] += 1
+                        reasons.append(found)
                     elif found is not None:
                         patches.append((module, "forward", found))
                         swapped.add(id(module))
                         break
+                else:
+                    for reason in reasons:
+                        self.skipped[ktype][reason] += 1
         for ktype, rule in SWAP_RULES.items():
             if self.active(ktype):
                 for patcher in rule.patches:

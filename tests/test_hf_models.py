@@ -32,6 +32,11 @@ MODELS = {
     # kernel: autokernel/computed.py finds which half is the gate).
     "phi3": (lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
         **DECODER, num_key_value_heads=2, pad_token_id=0)), LLAMA_TYPES),
+    # Gemma: RMSNorm scales by 1 + weight (the kernel gets that copy: computed.py); its MLP's
+    # GELU is outside the fused_mlp contract.
+    "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        **DECODER, num_key_value_heads=2, head_dim=8)),
+        ("matmul", "rmsnorm", "flash_attention", "rotary_embedding")),
     # GPT-2: Conv1D projections (torch.addmm with a bias), layernorm eps 1e-5, causal attention.
     "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_embd=32, n_layer=1, n_head=2, vocab_size=96, n_positions=64)), ENCODER_TYPES),
