@@ -118,6 +118,9 @@ def preflight(args):
     kernel = Path(args.kernel).resolve() if args.kernel else ak.KERNEL_PY
     if not kernel.is_file():
         raise UsageError(f"kernel file {kernel} does not exist")
+    if kernel.suffix != ".py":
+        raise UsageError(f"{kernel} is not a kernel file: pass a .py file (kernel.py, "
+                         f"workspace/<name>.py or kernels/<type>.py)")
     git_mode = not args.no_git and kernel == ak.KERNEL_PY.resolve()
     try:
         kernel_rel = str(kernel.relative_to(ak.ROOT))
@@ -449,7 +452,11 @@ def add_baselines(outcome):
     try:
         from autokernel import baselines as base
         ceilings = base.load_ceilings()
-        baselines = base.baseline_times(ktype, shape, dtype, variant=plan.get("variant"))
+        # Where timings mean little (the CPU), eager is timed again now, beside the kernel: a
+        # cached CPU time may come from a busy moment and would skew every later speedup.
+        fresh = not ak.TIMING_MEANINGFUL
+        baselines = base.baseline_times(ktype, shape, dtype, variant=plan.get("variant"),
+                                        force=fresh, log=(lambda m: None) if fresh else None)
     except Exception as e:  # a broken cache costs the speedups, not the verdict
         print(f"note: baselines unavailable ({one_line(e)})", file=sys.stderr)
     tflops = (ceilings.get("tflops") or {}).get(plan["dtype"])

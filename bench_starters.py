@@ -41,7 +41,7 @@ import torch
 
 import reference
 from autokernel import CUDA, DEVICE, KERNEL_TYPES, baselines
-from autokernel.cli import describe
+from autokernel.cli import describe, run_main
 from autokernel.contract import KernelFileError, check_module, load_module
 
 # DESIGN.md's "bar to beat" rows beyond each type's primary shape (GPU only): (shape, dtype).
@@ -518,4 +518,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("bench_starters.py", main))

@@ -19,7 +19,7 @@ from autokernel import CUDA, KERNEL_TYPES, baselines
 from autokernel.baselines import (BASELINE_DTYPE, COMPILE_MODE, baseline_key, baseline_times,
                                   detect_device, ensure_ceilings, parse_types, read_cache,
                                   spec_for, update_cache)
-from autokernel.cli import describe
+from autokernel.cli import describe, run_main
 
 
 def main(argv=None):
@@ -124,4 +124,4 @@ def _us(value):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("prepare.py", main))

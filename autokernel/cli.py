@@ -1,8 +1,10 @@
 """
 How every script talks to its user when something is wrong: one line that names the problem and
 what to do, never a traceback. Exit codes: 2 for usage (bad flags, missing or malformed files,
-a refused action), 1 for a failed check or a broken run.
+a refused action), 1 for a failed check (verify.py's FAIL) or a broken run. bench.py exits 0
+for every verdict it records, a FAIL among them: the verdict is its output.
 """
+import os
 import re
 import sys
 
@@ -46,7 +48,8 @@ def fail(script, message, code=2) -> int:
 
 def run_main(script, main, argv=None) -> int:
     """Run a script's main(argv), turning a UsageError into its one-line message and exit code,
-    and Ctrl-C into a quiet exit 130."""
+    Ctrl-C into a quiet exit 130, and a closed stdout (`| head`) into a quiet exit 141 (the
+    shell's code for SIGPIPE)."""
     try:
         return main(argv) or 0
     except UsageError as e:
@@ -54,3 +57,7 @@ def run_main(script, main, argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{script}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Python flushes stdout again at exit, which would raise once more: point it at devnull.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

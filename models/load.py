@@ -221,8 +221,11 @@ def _model_class(module, path, name):
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         found = sorted(n for n, v in vars(module).items() if isinstance(v, type)
                        and issubclass(v, torch.nn.Module) and v.__module__ == module.__name__)
+        if not found:
+            raise UsageError(f"{path} defines no nn.Module class: pass a model file (see "
+                             f"models/custom.py for what one holds)")
         raise UsageError(f"{path} has no nn.Module class {name!r}: pass --class-name, one of "
-                         f"{', '.join(found) or '(none defined)'}")
+                         f"{', '.join(found)}")
     return cls
 
 

@@ -343,6 +343,24 @@ def test_usage_errors_exit_2():
     proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--timeout", "-1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--timeout" in proc.stderr
+    # A mistyped --kernel that names some other file is refused before anything is judged or
+    # recorded (the repo's README.md: no row, no lock).
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--no-git",
+                           "--kernel", str(autokernel.ROOT / "README.md")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "is not a kernel file" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not proc.stdout
+
+
+def test_a_closed_stdout_ends_a_script_quietly():
+    """`script | head -1` (every script's main runs in cli.run_main) ends without a
+    BrokenPipeError traceback, however much the script still had to print."""
+    script = ("import sys; from autokernel.cli import run_main; "
+              "sys.exit(run_main('x', lambda argv: [print('y' * 80) for _ in range(10 ** 5)]))")
+    proc = subprocess.run(f"{sys.executable} -c \"{script}\" | head -1", shell=True,
+                          capture_output=True, text=True, cwd=autokernel.ROOT)
+    assert proc.stdout == "y" * 80 + "\n"
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 
 def test_read_results_rejects_ragged_rows(tmp_path):
