@@ -573,6 +573,10 @@ def fmt(x, digits=1):
     return "n/a" if x is None or x != x else f"{x:.{digits}f}"
 
 
+QUICK_NOTE = ("not compared (--quick times the candidate alone; a full run pairs it with the "
+              "kept version)")
+
+
 def print_summary(row, outcome, facts, args, elapsed):
     print(f"correctness: {row['correctness']}")
     if row["reason"]:
@@ -598,7 +602,7 @@ def print_summary(row, outcome, facts, args, elapsed):
         print(f"rounds_us: {' '.join(f'{t:.1f}' for t in outcome['rounds'])}")
         if outcome.get("kept_rounds"):
             print(f"kept_rounds_us: {' '.join(f'{t:.1f}' for t in outcome['kept_rounds'])}")
-        print(f"keep_rule: {outcome['keep_why']}")
+        print(f"keep_rule: {QUICK_NOTE if args.quick else outcome['keep_why']}")
         print(f"timing_valid: {bool(outcome.get('timing_valid'))}")
         if not outcome.get("timing_valid"):
             print("timing_note: interpreter wall-clock on a CPU: a keep here rests on that alone "
@@ -606,7 +610,7 @@ def print_summary(row, outcome, facts, args, elapsed):
         if outcome.get("above_ceiling"):
             print("warning: faster than the measured ceiling allows (pct_peak capped at 100); "
                   "the cached ceiling may be stale (uv run prepare.py --force)")
-    print(f"best_kept_us: {fmt(outcome.get('best_us'), 2)}")
+    print(f"best_kept_us: {QUICK_NOTE if args.quick else fmt(outcome.get('best_us'), 2)}")
     print(f"status: {row['status']}")
     if row["commit"]:
         print(f"commit: {row['commit']}")

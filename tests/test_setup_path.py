@@ -107,6 +107,8 @@ def test_setup_runs_in_order_on_a_fresh_copy(tmp_path):
     (repo / "kernel.py").write_text((repo / "kernel.py").read_text() + "# an idea\n")
     out = shell(repo, 'uv run bench.py --quick -m "an idea, smoke test"')
     assert out["status"] == "judged"
+    assert out["keep_rule"].startswith("not compared (--quick") and out["best_kept_us"] \
+        .startswith("not compared")  # not "the first correct version": one is kept
     out = shell(repo, "uv run orchestrate.py next")
     assert out["action"] == "stay" and "uv run bench.py" in out["reason"]
     assert (repo / "kernel.py").read_text().endswith("# an idea\n")
