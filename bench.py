@@ -3,7 +3,7 @@ The gate: judge kernel.py (five correctness stages, then timing and roofline), a
 results.tsv, and keep (git commit) or revert (git checkout HEAD -- kernel.py) the edit.
 
     uv run bench.py -m "BLOCK_N 2048"     # judge kernel.py, keep or revert it; -m: what you tried
-    uv run bench.py --quick               # smoke test + timing only, to iterate: recorded as
+    uv run bench.py --quick -m "idea"     # smoke test + timing only, to iterate: recorded as
                                           #   "judged", never kept or reverted
     uv run bench.py --no-git              # judge and record (status "judged"), no git action
     uv run bench.py --kernel kernels/softmax.py   # any kernel file; implies --no-git
@@ -24,9 +24,9 @@ and no process they started outlives the verdict. README's "The gate's trust mod
 prevented, what is only detected and what remains possible.
 
 Output: `key: value` lines, the verdict last. Exit 0 for a judgement (keep, revert or judged),
-2 when it refuses to judge (usage, dirty harness, not a git repo, malformed or unwritable
-results.tsv, another bench.py running, a CUDA C++ kernel on a machine without a GPU: no row is
-written then), 1 when the harness itself fails.
+2 when it refuses to judge (usage, no -m for kernel.py, dirty harness, not a git repo, malformed
+or unwritable results.tsv, another bench.py running, a CUDA C++ kernel on a machine without a
+GPU: no row is written then), 1 when the harness itself fails.
 """
 import argparse
 import contextlib
@@ -65,7 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"wall-clock limit for the kernel's run in seconds (default "
                         f"{DEFAULT_TIMEOUT_S}); each call also has its own limit")
-    p.add_argument("-m", "--description", default="", help="what this experiment tries")
+    p.add_argument("-m", "--description", default="",
+                   help="what this experiment tries (required when judging kernel.py)")
     p.add_argument("--results", help="results file (default results.tsv in the repo)")
     args = p.parse_args(argv)
     if not args.timeout > 0:
@@ -146,6 +147,9 @@ def preflight(args):
     results.read_rows(results_tsv)  # malformed: a one-line refusal, nothing written
     results.check_writable(results_tsv)
     device = torch.cuda.get_device_name() if ak.CUDA else "cpu-interpreter"
+    if git_mode and not args.description.strip():
+        raise UsageError('pass -m "what this version tries": the row\'s description, which '
+                         'orchestrate.py and analysis.py show beside its verdict')
     return {"kernel": kernel, "kernel_rel": kernel_rel, "git_mode": git_mode,
             "results_tsv": results_tsv, "device": device, "sha256": state.digest(kernel.read_bytes())}
 

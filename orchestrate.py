@@ -210,8 +210,8 @@ def require_clean_kernel_py():
     if not git.is_tracked("kernel.py", cwd=ak.ROOT):
         raise UsageError("kernel.py is not committed: `git add kernel.py && git commit` it (or "
                          "delete it) before switching kernels")
-    raise UsageError("kernel.py has uncommitted edits: run `uv run bench.py` first (it keeps or "
-                     "reverts them), then ask again")
+    raise UsageError("kernel.py has uncommitted edits: run `uv run bench.py -m \"...\"` first (it "
+                     "keeps or reverts them), then ask again")
 
 
 def head_kernel_source():

@@ -42,8 +42,9 @@ def setup(problem_path, solution=None, dtype=None, kernel=None, force=False, log
         raise UsageError(str(e)) from None
     in_repo = kernel == ak.KERNEL_PY.resolve() and git.is_own_repo() and git.has_commit()
     if in_repo and not force and git.is_tracked("kernel.py") and git.changed_paths("kernel.py"):
-        raise UsageError("kernel.py has uncommitted edits: run `uv run bench.py` on them (or "
-                         "git checkout HEAD -- kernel.py) first, or pass --force to replace them")
+        raise UsageError("kernel.py has uncommitted edits: run `uv run bench.py -m \"...\"` on "
+                         "them (or git checkout HEAD -- kernel.py) first, or pass --force to "
+                         "replace them")
     kernel.write_text(text)
     commit = git.commit_file("kernel.py", f"kernelbench: set up {problem.name}") \
         if in_repo else None

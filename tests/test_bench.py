@@ -184,6 +184,12 @@ def not_a_repo_scenario(root):
     return {"run": run, "results_exists": (repo / "results.tsv").exists()}
 
 
+def no_description_scenario(root):
+    repo = make_repo(root / "no_description")
+    run = run_bench(repo)  # kernel.py with git, and no -m
+    return {"run": run, **snapshot(repo)}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
@@ -195,7 +201,8 @@ def runs(tmp_path_factory):
         ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
         ("dirty_reference", dirty_reference_scenario),
-        ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario)]})
+        ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario),
+        ("no_description", no_description_scenario)]})
     # Longest first, so the two workers finish together.
     first = ["tampering", "keep_then_revert", "concurrency", "no_git"]
     order = first + [k for k in jobs if k not in first]
@@ -310,6 +317,12 @@ def test_not_a_git_repo_suggests_no_git(runs):
     r = runs["not_a_repo"]
     assert_one_line_refusal(r["run"], "not a git repository", "--no-git")
     assert not r["results_exists"]
+
+
+def test_a_run_on_kernel_py_needs_a_description(runs):
+    r = runs["no_description"]
+    assert_one_line_refusal(r["run"], 'pass -m "what this version tries"')
+    assert r["results"] is None and r["commits"] == 1  # no row, no commit
 
 
 # ---- in-process pieces (no subprocess) ------------------------------------------------------
@@ -488,19 +501,20 @@ def concurrency_scenario(root):
     import time
     repo = make_repo(root / "concurrency")
     shutil.copy(PLANTED / "infinite_loop.py", repo / "kernel.py")
-    first = subprocess.Popen([sys.executable, "bench.py", "--timeout", "120"], cwd=repo,
-                             env=GIT_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen([sys.executable, "bench.py", "--timeout", "120", "-m", "hang"],
+                             cwd=repo, env=GIT_ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
     deadline, kids = time.monotonic() + 120, []
     while time.monotonic() < deadline and not kids:
         time.sleep(0.5)
         kids = children_of(first.pid)
-    second = run_bench(repo)
+    second = run_bench(repo, "-m", "second")
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(2)
     left = [pid for pid in kids if pid_alive(pid)]
-    third = run_bench(repo, "--timeout", "5")
-    unwritable = run_bench(repo, "--results", str(repo / "kernel.py" / "results.tsv"))
+    third = run_bench(repo, "--timeout", "5", "-m", "third")
+    unwritable = run_bench(repo, "--results", str(repo / "kernel.py" / "results.tsv"), "-m", "x")
     return {"kids": kids, "second": second, "left": left, "third": third,
             "unwritable": unwritable, **snapshot(repo)}
 
