@@ -13,14 +13,13 @@ compute-bound ones): kept points, reverted points (correct but not faster), fail
 projection needs plan.json's shares of model time (Amdahl); without a plan it is n/a. The
 statistics come from autokernel/night.py, the same that orchestrate.py decides with.
 """
-import argparse
 import math
 import sys
 from pathlib import Path
 
 import autokernel as ak
 from autokernel import night, regate
-from autokernel.cli import UsageError, run_main
+from autokernel.cli import ArgumentParser, UsageError, run_main
 from autokernel.results import read_rows, rel
 from autokernel.workspace import read_plan
 
@@ -31,7 +30,7 @@ LAST_COLUMNS = {"experiment": "exp", "tag": "tag", "latency_us": "latency_us",
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--last", type=int, metavar="N",
                         help="print the last N experiments and stop (no plot)")
     parser.add_argument("--results", default=str(ak.RESULTS_TSV))

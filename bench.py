@@ -28,7 +28,6 @@ Output: `key: value` lines, the verdict last. Exit 0 for a judgement (keep, reve
 or unwritable results.tsv, another bench.py running, a CUDA C++ kernel on a machine without a
 GPU: no row is written then), 1 when the harness itself fails.
 """
-import argparse
 import contextlib
 import datetime
 import json
@@ -48,7 +47,7 @@ import torch.multiprocessing
 
 from autokernel import child, contract, gate, results, state, timing
 from autokernel import git as g
-from autokernel.cli import UsageError, one_line, run_main
+from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 
 DEFAULT_TIMEOUT_S = 180
 STARTUP_LIMIT_S = 60 if ak.CUDA else 180  # a child importing torch and the kernel file
@@ -58,7 +57,7 @@ CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="AutoKernel gate: correctness, timing, keep/revert.")
+    p = ArgumentParser(description="AutoKernel gate: correctness, timing, keep/revert.")
     p.add_argument("--quick", action="store_true", help="smoke test on the primary shape + timing")
     p.add_argument("--no-git", action="store_true", help="judge and record, no commit/restore")
     p.add_argument("--kernel", help="kernel file to judge (default kernel.py; others imply --no-git)")

@@ -41,7 +41,7 @@ import torch
 
 import reference
 from autokernel import CUDA, DEVICE, KERNEL_TYPES, baselines
-from autokernel.cli import describe, run_main
+from autokernel.cli import ArgumentParser, describe, run_main
 from autokernel.contract import KernelFileError, check_module, load_module
 
 # DESIGN.md's "bar to beat" rows beyond each type's primary shape (GPU only): (shape, dtype).
@@ -448,7 +448,7 @@ def _jsonable(value):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--types", default="", help="comma-separated kernel types (default all)")
     parser.add_argument("--out", default=str(DEFAULT_OUT),

@@ -31,7 +31,7 @@ import sys
 
 import autokernel
 from autokernel import export
-from autokernel.cli import UsageError, run_main
+from autokernel.cli import ArgumentParser, UsageError, run_main
 from autokernel.results import read_rows, rel
 from autokernel.workspace import read_plan
 
@@ -64,7 +64,7 @@ def _export(argv):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]).strip(),
+    parser = ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]).strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder to write the package into")
     parser.add_argument("--name", default="autokernel_kernels",

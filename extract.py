@@ -62,7 +62,7 @@ from pathlib import Path
 
 import autokernel
 from autokernel import KERNEL_TYPES
-from autokernel.cli import UsageError, fail, run_main
+from autokernel.cli import ArgumentParser, UsageError, fail, run_main
 from autokernel.contract import read_attrs
 from autokernel.results import rel
 from autokernel.workspace import read_profile, write_json
@@ -219,7 +219,7 @@ def brief(shapes, most=3):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--top", type=int, default=5, help="how many kernel types (default 5)")
     parser.add_argument("--types", default=None,

@@ -18,16 +18,15 @@ score: solutions matched to problems by file name, each judged in its own proces
 (`NAME: correct|incorrect|missing|error`, the speedups vs eager and vs torch.compile), then
 KernelBench's fast_p against both, and the JSON. Timings mean something on a GPU only.
 """
-import argparse
 import sys
 from pathlib import Path
 
 import autokernel as ak
-from autokernel.cli import UsageError, run_main
+from autokernel.cli import ArgumentParser, UsageError, run_main
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="KernelBench problems: set one up as kernel.py, or "
+    p = ArgumentParser(description="KernelBench problems: set one up as kernel.py, or "
                                             "score a folder of solutions.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("setup", help="write kernel.py for a problem (committed in the repo)")

@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 
 import autokernel as ak
 from autokernel import git, night
-from autokernel.cli import UsageError, run_main
+from autokernel.cli import ArgumentParser, UsageError, run_main
 from autokernel.contract import tag_of_source
 from autokernel.results import read_rows, rel
 from autokernel.workspace import plan_kernels, read_json, read_plan, write_json
@@ -62,7 +62,7 @@ class Limits:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["status", "next", "install"])
     parser.add_argument("name", nargs="?", help="kernel name from plan.json (install only)")

@@ -19,11 +19,11 @@ from autokernel import CUDA, KERNEL_TYPES, baselines
 from autokernel.baselines import (BASELINE_DTYPE, COMPILE_MODE, baseline_key, baseline_times,
                                   detect_device, ensure_ceilings, parse_types, read_cache,
                                   spec_for, update_cache)
-from autokernel.cli import describe, run_main
+from autokernel.cli import ArgumentParser, describe, run_main
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--types", default="", help="comma-separated kernel types (default all)")
     parser.add_argument("--force", action="store_true", help="re-measure even what is cached")

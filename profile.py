@@ -77,7 +77,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from autokernel.baselines import roofline_ceilings
-from autokernel.cli import UsageError, describe, run_main
+from autokernel.cli import ArgumentParser, UsageError, describe, run_main
 from autokernel.patterns import recognized_forward
 from autokernel.recognize import GROUP_BOUND, OTHER, SCOPE_PREFIX, classify_event
 from autokernel.swap import pluggable_types
@@ -93,7 +93,7 @@ def main(argv=None):
 
 
 def _profile(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
     parser.add_argument("--warmup", type=int, default=None,

@@ -107,7 +107,7 @@ from pathlib import Path
 import torch
 
 from autokernel import regate
-from autokernel.cli import UsageError, describe, one_line, run_main
+from autokernel.cli import ArgumentParser, UsageError, describe, one_line, run_main
 from autokernel.contract import KernelFileError, check_module, load_module, read_file_attrs, tag_of
 from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
                                  forward, model_dtype, sync, time_forward)
@@ -692,7 +692,7 @@ def _verify(argv):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]).strip(),
+    parser = ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]).strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
     src = parser.add_argument_group("kernels (default: workspace/plan.json)")

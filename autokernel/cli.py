@@ -4,9 +4,18 @@ what to do, never a traceback. Exit codes: 2 for usage (bad flags, missing or ma
 a refused action), 1 for a failed check (verify.py's FAIL) or a broken run. bench.py exits 0
 for every verdict it records, a FAIL among them: the verdict is its output.
 """
+import argparse
 import os
 import re
 import sys
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (`script: error: ...`, exit 2), not its usage block
+    followed by the error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
 class UsageError(Exception):
