@@ -356,6 +356,11 @@ def test_usage_errors_exit_2():
     proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--timeout", "-1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--timeout" in proc.stderr
+    # An unknown flag: one line (cli.ArgumentParser), not argparse's usage block first.
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--bogus"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("bench.py: error: unrecognized arguments: --bogus")
     # A mistyped --kernel that names some other file is refused before anything is judged or
     # recorded (the repo's README.md: no row, no lock).
     proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--no-git",
