@@ -58,7 +58,7 @@ def main(argv=None):
     if projection is None:
         print("projected model speedup: n/a (no plan.json with shares of model time)")
     else:
-        print(f"projected model speedup: {projection:.3f}x (Amdahl over plan.json's shares)")
+        print(night.projection_line(plan, rows))
     if not all(map(night.timing_ok, rows)):
         print("timings: CPU interpreter, not meaningful")
     warn_unbacked(unbacked)

@@ -141,11 +141,7 @@ def cmd_status(args, limits):
             print(f"move on: yes ({'; '.join(reasons)}): run `uv run orchestrate.py next`")
     else:
         print("current: none: run `uv run orchestrate.py next` to install the first kernel")
-    pairs = night.projection(plan, rows)
-    ceiling = night.amdahl([(share, float("inf")) for share, _ in pairs])
-    print(f"projected model speedup: {night.amdahl(pairs):.3f}x (Amdahl over "
-          f"{100 * sum(s for s, _ in pairs):.1f}% of model time; {ceiling:.2f}x if these "
-          f"kernels took no time)")
+    print(night.projection_line(plan, rows))
     if not all(map(night.timing_ok, rows)):
         print("timings: some rows are not meaningful (CPU interpreter)")
 

@@ -128,6 +128,16 @@ def projection(plan, rows) -> list:
             for k in plan["kernels"]]
 
 
+def projection_line(plan, rows) -> str:
+    """The night's projection as orchestrate.py and analysis.py both print it."""
+    pairs = projection(plan, rows)
+    covered = sum(share for share, _ in pairs)
+    ceiling = amdahl([(share, math.inf) for share, _ in pairs])
+    return (f"projected model speedup: {amdahl(pairs):.3f}x with each kernel at its best kept "
+            f"speed (Amdahl's law over the {100 * covered:.1f}% of model time they cover; at "
+            f"most {ceiling:.2f}x were they free)")
+
+
 def table(records, left=()) -> str:
     """A list of dicts as an aligned text table, one line per dict: values right-aligned, except
     the columns named in `left` (free text such as descriptions)."""
