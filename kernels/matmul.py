@@ -465,14 +465,14 @@ def pick_config(M, N, K, dtype):
 def pick_hopper_config(M, N, K, activation=None):
     """The Gluon kernel's schedule by shape. Measured on an H100 (bf16, GPU time, against
     cuBLAS's F.linear; each ratio varied by up to +-5% between runs):
-      * vocabulary-wide N: cooperative 128x256 tiles, GROUP_M 32: 1.02-1.05x at N = 32000,
+      * vocabulary-wide N: cooperative 128x256 tiles, GROUP_M 32: 1.01-1.06x at N = 32000,
         50304, 128256, 151936 (B streams from memory once per group of tile rows: taller
-        groups read it fewer times; GROUP_M 8 ran 0.97-1.0x);
+        groups read it fewer times; GROUP_M 8 ran 0.97-1.05x, lower on average);
       * an activation at small K (GPT-2's MLP, 8192x3072x768): ping-pong 64x256 tiles, whose
         epilogue hides behind the other warpgroup's products: 1.26-1.32x cuBLAS + GELU
         (cooperative: 1.13x);
       * N up to 2304 (the projections of 768-2048-wide models): cooperative 128x128 tiles,
-        which fill more of the SMs' last wave: 0.94-1.05x (128x256: 0.83-0.96x);
+        which fill more of the SMs' last wave: 0.94-1.05x (128x256: 0.83-1.02x);
       * otherwise cooperative 128x256: 1.00-1.03x (16384x2048x2048, 8192^3)."""
     if N >= 16384:
         return dict(COOP=True, BLOCK_N=256, STAGES=3, GROUP_M=32)
