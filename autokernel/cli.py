@@ -12,7 +12,21 @@ import sys
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are one line (`script: error: ...`, exit 2), not its usage block
-    followed by the error."""
+    followed by the error, and which names a mistyped flag before a missing required one
+    (`export.py --ot x` is about --ot, not about the --out it lacks)."""
+
+    def parse_args(self, args=None, namespace=None):
+        required = [a for a in self._actions if a.required]
+        for action in required:
+            action.required = False
+        try:
+            _, unknown = self.parse_known_args(args, namespace)
+        finally:
+            for action in required:
+                action.required = True
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_args(args, namespace)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")

@@ -361,6 +361,10 @@ def test_usage_errors_exit_2():
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("bench.py: error: unrecognized arguments: --bogus")
+    # A mistyped flag is named before a required one it leaves missing (export.py's --out).
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "export.py"), "--ot", "x"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "unrecognized arguments: --ot x" in proc.stderr, proc.stderr
     # A mistyped --kernel that names some other file is refused before anything is judged or
     # recorded (the repo's README.md: no row, no lock).
     proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--no-git",
