@@ -40,6 +40,7 @@ API:
     ensure_ceilings(): load_ceilings, measuring first when missing (prepare.py, bench_starters).
     time_us(fn), compile_and_time(fn, inputs, mode): the shared timing helpers.
 """
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -232,6 +233,20 @@ def eager_function(ktype):
 # Ceilings
 # ---------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def full_fp32():
+    """fp32 means fp32: no TF32 in matmuls (torch's precision "highest") nor in cuDNN's
+    convolutions (TF32 by torch's default), both restored after."""
+    precision, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
 def measure_ceilings(log=print):
     """Copy GB/s and dense matmul TFLOP/s on this GPU (None on a CPU)."""
     if not CUDA:
@@ -245,9 +260,7 @@ def measure_ceilings(log=print):
     log(f"  copy {nbytes >> 20} MiB: {copy_us:.1f} us -> {bandwidth:,.0f} GB/s")
     del src, dst
     tflops = {}
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # fp32 means fp32: no TF32
-    try:
+    with full_fp32():
         for name, n in MATMUL_SIZES.items():
             a, b = (torch.randn(n, n, device="cuda", dtype=autokernel.DTYPES[name])
                     for _ in range(2))
@@ -256,8 +269,6 @@ def measure_ceilings(log=print):
             tflops[name] = 2 * n ** 3 / (us * 1e-6) / 1e12
             log(f"  matmul {name} {n}^3: {us:.1f} us -> {tflops[name]:,.1f} TFLOP/s")
             del a, b, out
-    finally:
-        torch.set_float32_matmul_precision(precision)
     torch.cuda.empty_cache()
     return {"bandwidth_gb_s": bandwidth, "tflops": tflops, "measured_at": now()}
 

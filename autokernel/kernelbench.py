@@ -53,6 +53,7 @@ import torch
 
 import autokernel as ak
 from autokernel import gate, state
+from autokernel.baselines import full_fp32
 from autokernel.cli import describe
 from autokernel.contract import KernelFileError, load_module, tag_of
 
@@ -197,16 +198,6 @@ def run(model, inputs):
     float64 result and turn an exact solution into a mismatch."""
     with torch.no_grad(), full_fp32():
         return model(*inputs.values())
-
-
-@contextlib.contextmanager
-def full_fp32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @functools.lru_cache(maxsize=4)
