@@ -43,8 +43,7 @@ def norm_candidate(module):
 def mlp_candidate(module):
     """Bias-free nn.Linear children of one dtype, D -> F twice and F -> D (or D -> 2F fused and
     F -> D), other children without parameters (an activation module), nothing else."""
-    children = list(module.children())
-    linears = [c for c in children if isinstance(c, nn.Linear)]
+    children, linears = list(module.children()), _linears(module)
     if _torch_layer(module) or next(module.parameters(recurse=False), None) is not None \
             or any(next(c.parameters(), None) is not None for c in children
                    if not isinstance(c, nn.Linear)) \
@@ -130,11 +129,11 @@ def _projections(linears):
 
 def _graph_verdict(module):
     """(kernel type, eps) when the module's forward is one match of TYPES, else (None, None)."""
-    if mlp_candidate(module):
-        weight = _projections(_linears(module))[1].weight  # the down projection: [D, F]
-    else:
-        weight = module.weight.t()  # a norm's [N] weight, as a row
-    x = torch.randn(4, weight.shape[0], device=weight.device, dtype=weight.dtype)
+    if mlp_candidate(module):  # rows of D, the down projection's [D, F] output width
+        like = _projections(_linears(module))[1].weight
+    else:  # rows of N, a norm's [N] weight
+        like = module.weight
+    x = torch.randn(4, like.shape[0], device=like.device, dtype=like.dtype)
     try:
         with torch.no_grad():
             _, matches = patterns.capture(_probe(module), (x,))

@@ -501,8 +501,7 @@ def matmul_hopper(A, B, bias, activation, C, config):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     M, K = A.shape
     N = B.shape[1]
-    b_kmajor = B.stride(1) != 1  # B = W.t(): TMA reads W's [N, K] rows
-    b_view = B.t() if b_kmajor else B
+    _, _, b_view, b_kmajor = _tma_operands(A, B)  # B = W.t(): TMA reads W's [N, K] rows
     BN, BK = config["BLOCK_N"], HOPPER_BLOCK_K
     b_block = (BN, BK) if b_kmajor else (BK, BN)
     descs = [TensorDescriptor.from_tensor(t, list(block), _gl_layout(block, A.dtype))
@@ -592,15 +591,14 @@ def _hopper_ok(A, B, C):
 
 
 def _hopper_operands(A, B, C):
-    """Half precision, at least PERSISTENT_MIN_MACS, A with contiguous rows of K and B either
-    way round, all TMA-describable (16-byte aligned rows)."""
+    """Half precision, at least PERSISTENT_MIN_MACS, TMA-describable (16-byte aligned rows):
+    A with contiguous rows of K (a_kmajor), B either way round, C."""
     M, K = A.shape
     N = B.shape[1]
+    operands = _tma_operands(A, B)
     return (A.dtype in (torch.float16, torch.bfloat16) and B.dtype == A.dtype
             and M * N * K >= PERSISTENT_MIN_MACS
-            and A.stride(1) == 1 and _describable(A) and _describable(C)
-            and ((B.stride(1) == 1 and _describable(B))
-                 or (B.stride(0) == 1 and _describable(B.t()))))
+            and operands is not None and operands[1] and _describable(C))
 
 
 def matmul(A, B, bias=None, activation=None, config=None, tma=None, hopper=None):
