@@ -5,8 +5,8 @@ and accumulator are [BLOCK_M, D] in registers, which at D = 1024 spill (measured
 383 ms at best against eager's 24 ms), so attention is taken the way eager's math path takes it,
 out of two starters, with S = 512 keeping the scores at 1 GB:
   1. scores[bh] = Q[bh] @ K[bh]^T for every (batch, head) in one launch: the matmul starter's
-     kernel body (kernels/matmul.py, matmul_ptr_kernel with its pick_config tiles, called as a
-     device function; K^T is a strided view), grid axis 1 the (batch, head);
+     kernel body with its pick_config tiles (kernels/kernelbench/batched.py, bmm; K^T is a
+     strided view);
   2. scores *= 1/sqrt(D) in place (a tiny Triton kernel of this file: one pass over the scores,
      next to the 2 * B*H*S*S*D flops of the products; exact for D = 1024, a power of 4);
   3. P = softmax(scores) over the keys: the softmax starter (kernels/softmax.py);
@@ -20,23 +20,11 @@ import triton
 import triton.language as tl
 
 from kernels.flash_attention import flash_attention
-from kernels.matmul import _dot_precision, matmul_ptr_kernel, pick_config
+from kernels.kernelbench.batched import bmm
 from kernels.softmax import kernel_fn as softmax
 
 FLASH_MAX_D = 128
 SCALE_BLOCK = 4096
-
-
-@triton.jit
-def bmm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_ab, stride_am, stride_ak,
-               stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
-    batch = tl.program_id(1).to(tl.int64)
-    c = c_ptr + batch * stride_cb
-    matmul_ptr_kernel(a_ptr + batch * stride_ab, b_ptr + batch * stride_bb, c, c, M, N, K,
-                      stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, False, None)
 
 
 @triton.jit
@@ -45,19 +33,6 @@ def scale_(x_ptr, n, factor, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     tl.store(x_ptr + offs, (x * factor).to(x_ptr.dtype.element_ty), mask=mask)
-
-
-def bmm(A, B, C):
-    """C[i] = A[i] @ B[i] for 3-D views of any strides; C is written in place."""
-    batch, M, K = A.shape
-    N = B.shape[2]
-    cfg = pick_config(M, N, K, A.dtype)
-    BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    grid = ((M + BM - 1) // BM * ((N + BN - 1) // BN), batch)
-    bmm_kernel[grid](A, B, C, M, N, K, *A.stride(), *B.stride(), *C.stride(),
-                     BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg["GROUP_M"],
-                     EVEN_K=K % BK == 0, PRECISION=_dot_precision(A.dtype),
-                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 class ModelNew(nn.Module):
