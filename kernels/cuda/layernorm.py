@@ -4,15 +4,18 @@ LayerNorm over the last dim of x[M, N], in CUDA C++: y = (x - mean) * rsqrt(var 
 for AutoKernel (BACKEND = "cuda"). Math in fp32; the output has x's dtype.
 
 Two kernels, picked by row length:
-  * rows that fit in registers (up to 32K elements): a group of G threads owns a row (G a
-    multiple of 32, up to 1024; blockDim.y rows per block when rows are short). Each thread
-    loads its 16-byte chunks (8 halves or 4 floats; up to 32 floats' worth, a compile-time
-    count, so they stay in registers) up front, interleaved across the group so that a warp's
-    load reads 512 contiguous bytes (skipping L1, evict-first in L2: x is read once). The
-    mean is reduced first; the variance is then the mean of (x - mean)^2 over the values still
-    in registers (two passes over registers, one over memory). E[x^2] - E[x]^2 would cancel
-    catastrophically on rows with a large mean and a tiny spread, which the gate's stability
-    stage tests.
+  * rows of up to 2048 chunks of 16 bytes (16K halves, 8K floats): a group of G threads owns a
+    row (G a multiple of 32, up to 1024; blockDim.y rows per block when rows are short). Each
+    thread loads two 16-byte chunks (8 halves or 4 floats each) up front, interleaved across
+    the group so that a warp's load reads 512 contiguous bytes (skipping L1, evict-first in
+    L2: x is read once). The chunks stay in registers as x's own 16-bit values, and the kernel
+    fits in 32 registers: an SM keeps 2048 threads, 64 KB of x, in flight. (Four chunks a
+    thread, held as floats, take 64 registers and half the threads: 68 us against 53 at
+    8192x4096 fp16 on an H100, where torch takes 66.)
+    The mean is reduced first; the variance is then the mean of (x - mean)^2 over the values
+    still in registers (two passes over registers, one over memory). E[x^2] - E[x]^2 would
+    cancel catastrophically on rows with a large mean and a tiny spread, which the gate's
+    stability stage tests.
     Each reduction is a warp-shuffle butterfly, then the warps' partials added in warp order
     through shared memory: bitwise deterministic.
   * longer rows: one block of 1024 threads per row and three passes over the row (mean,
@@ -20,11 +23,8 @@ Two kernels, picked by row length:
 16-byte access needs 16-byte aligned rows: others (N = 1023, ...) take the same kernels with
 element-wise loads.
 
-G is the fewest threads that hold the row: 128 for 4096 halves, two rows per 256-thread
-block. Kernels are compiled with __launch_bounds__(1024) (at most 64 registers a
-thread), so any G launches.
-
-Things to try: Welford in one pass for long rows, a persistent grid, one warp per short row.
+Things to try: Welford in one pass for long rows, a persistent grid, one warp per short row,
+loading weight and bias with x (they are read after the reductions, from L2).
 
 Usage:
   uv run bench.py --kernel kernels/cuda/layernorm.py     # on a GPU machine
@@ -38,12 +38,12 @@ BACKEND = "cuda"
 
 # Launch shape, for tuning (0: the defaults the docstring describes). THREADS_PER_ROW: threads
 # that share a row (a multiple of 32, at most 1024; fewer than the row needs is ignored).
-# ROWS_PER_BLOCK: rows a block holds (at most 1024 / threads per row). One row a block ran
-# 58.9 us at 8192x4096 fp16 against 61.5 with the default (H200; 128-1024 rows a block: slower).
+# ROWS_PER_BLOCK: rows a block holds (at most 1024 / threads per row).
 THREADS_PER_ROW = 0
-ROWS_PER_BLOCK = 1
+ROWS_PER_BLOCK = 0
 
 CUDA_SRC = r"""
+
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -60,11 +60,49 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
     return __float2bfloat16_rn(v);
 }
 
-// E elements of T make one 16-byte chunk; a thread holds up to VPT chunks of a row in
-// registers (32 floats: with __launch_bounds__(1024), 64 registers a thread leave room).
+constexpr int VPT = 2;  // chunks a thread holds
+
+// A chunk is 16 bytes, E elements of T: what one vector load or store moves. It stays four
+// 32-bit registers; elements are read and written as floats by bit operations (a union or a
+// pointer cast would put the chunk in local memory).
 template <typename T> struct Chunk {
-    static constexpr int E = 16 / sizeof(T), VPT = 32 / E;
+    static constexpr int E = 16 / sizeof(T);
+    uint4 raw;
+    __device__ __forceinline__ unsigned word(int w) const {
+        return w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+    }
+    __device__ __forceinline__ void set_word(int w, unsigned v) {
+        if (w == 0) raw.x = v;
+        else if (w == 1) raw.y = v;
+        else if (w == 2) raw.z = v;
+        else raw.w = v;
+    }
+    __device__ __forceinline__ float get(int i) const;
+    __device__ __forceinline__ void set(int i, float v);
 };
+
+template <> __device__ __forceinline__ float Chunk<float>::get(int i) const {
+    return __uint_as_float(word(i));
+}
+template <> __device__ __forceinline__ void Chunk<float>::set(int i, float v) {
+    set_word(i, __float_as_uint(v));
+}
+// 16-bit elements: element i is the low (even i) or high half of word i / 2.
+template <> __device__ __forceinline__ float Chunk<__half>::get(int i) const {
+    return __half2float(__ushort_as_half((unsigned short)(word(i / 2) >> (i % 2 * 16))));
+}
+template <> __device__ __forceinline__ void Chunk<__half>::set(int i, float v) {
+    const unsigned bits = __half_as_ushort(__float2half_rn(v)), shift = i % 2 * 16;
+    set_word(i / 2, (word(i / 2) & ~(0xffffu << shift)) | bits << shift);
+}
+template <> __device__ __forceinline__ float Chunk<__nv_bfloat16>::get(int i) const {
+    const unsigned w = word(i / 2);
+    return __uint_as_float(i % 2 ? w & 0xffff0000u : w << 16);  // bf16 is a float's top half
+}
+template <> __device__ __forceinline__ void Chunk<__nv_bfloat16>::set(int i, float v) {
+    const unsigned bits = __bfloat16_as_ushort(__float2bfloat16_rn(v)), shift = i % 2 * 16;
+    set_word(i / 2, (word(i / 2) & ~(0xffffu << shift)) | bits << shift);
+}
 
 // A 16-byte load of data read for the last time: it skips L1 and marks its L2 line
 // evict-first (keeping it cached would only evict something still needed).
@@ -77,41 +115,34 @@ __device__ __forceinline__ uint4 load_last(const void* p) {
     return v;
 }
 
-// The E elements of a row starting at `start`, as floats (0 past the row's end). VEC: one
-// 16-byte load (rows aligned and N a multiple of E: a chunk is all in or all out).
-template <typename T, bool VEC, bool LAST = false>
-__device__ __forceinline__ void load_chunk(const T* row, int start, int n,
-                                           float (&v)[Chunk<T>::E]) {
-    constexpr int E = Chunk<T>::E;
-    if (VEC) {
-        uint4 raw = make_uint4(0, 0, 0, 0);
-        if (start < n)
-            raw = LAST ? load_last(row + start)
-                       : __ldg(reinterpret_cast<const uint4*>(row + start));
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < E; ++i) v[i] = to_f32(e[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < E; ++i) v[i] = start + i < n ? to_f32(row[start + i]) : 0.f;
-    }
-}
-
+// Elements start .. start + E - 1 of a row of n, 0 past its end. VEC: one 16-byte load (rows
+// aligned and N a multiple of E: a chunk is all in or all out).
 template <typename T, bool VEC>
-__device__ __forceinline__ void store_chunk(T* row, int start, int n,
-                                            const float (&v)[Chunk<T>::E]) {
+__device__ __forceinline__ Chunk<T> load_chunk(const T* row, int start, int n, bool last) {
     constexpr int E = Chunk<T>::E;
+    Chunk<T> c;
+    c.raw = make_uint4(0, 0, 0, 0);
     if (VEC) {
-        if (start >= n) return;
-        uint4 raw;
-        T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < E; ++i) e[i] = from_f32<T>(v[i]);
-        *reinterpret_cast<uint4*>(row + start) = raw;
+        if (start < n)
+            c.raw = last ? load_last(row + start)
+                         : __ldg(reinterpret_cast<const uint4*>(row + start));
     } else {
 #pragma unroll
         for (int i = 0; i < E; ++i)
-            if (start + i < n) row[start + i] = from_f32<T>(v[i]);
+            if (start + i < n) c.set(i, to_f32(row[start + i]));
+    }
+    return c;
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void store_chunk(T* row, int start, int n, const Chunk<T>& c) {
+    constexpr int E = Chunk<T>::E;
+    if (VEC) {
+        if (start < n) *reinterpret_cast<uint4*>(row + start) = c.raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i)
+            if (start + i < n) row[start + i] = from_f32<T>(c.get(i));
     }
 }
 
@@ -133,39 +164,40 @@ __device__ __forceinline__ float group_sum(float v, float* partial) {
 
 // (v - mean) * rstd (* w) (+ b) for one chunk, in place.
 template <typename T, bool VEC>
-__device__ __forceinline__ void normalize(float (&v)[Chunk<T>::E], const T* w, const T* b,
-                                          int start, int n, float mean, float rstd) {
-    constexpr int E = Chunk<T>::E;
-    float wv[E], bv[E];
-    if (w != nullptr) load_chunk<T, VEC>(w, start, n, wv);
-    if (b != nullptr) load_chunk<T, VEC>(b, start, n, bv);
+__device__ __forceinline__ void normalize(Chunk<T>& v, const T* w, const T* b, int start,
+                                          int n, float mean, float rstd) {
+    Chunk<T> wv, bv;
+    if (w != nullptr) wv = load_chunk<T, VEC>(w, start, n, false);
+    if (b != nullptr) bv = load_chunk<T, VEC>(b, start, n, false);
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-        float t = (v[i] - mean) * rstd;
-        if (w != nullptr) t *= wv[i];
-        if (b != nullptr) t += bv[i];
-        v[i] = t;
+    for (int i = 0; i < Chunk<T>::E; ++i) {
+        float t = (v.get(i) - mean) * rstd;
+        if (w != nullptr) t *= wv.get(i);
+        if (b != nullptr) t += bv.get(i);
+        v.set(i, t);
     }
 }
 
+// 32 registers a thread (2048 threads an SM) for aligned rows; the element-wise path gets 64.
 template <typename T, bool VEC>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(1024, VEC ? 2 : 1)
 layernorm_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                T* __restrict__ y, long long rows, int n, long long sx, long long sy, float eps) {
-    constexpr int E = Chunk<T>::E, VPT = Chunk<T>::VPT;
+    constexpr int E = Chunk<T>::E;
     __shared__ float partial[32];
     const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     const bool live = row < rows;  // a short last block still joins the reductions
     const int len = live ? n : 0;
     const T* xr = x + (live ? row : 0) * sx;
-    float v[VPT][E];
+    Chunk<T> v[VPT];
+#pragma unroll
+    for (int c = 0; c < VPT; ++c)
+        v[c] = load_chunk<T, VEC>(xr, (c * blockDim.x + threadIdx.x) * E, len, true);
     float sum = 0.f;
 #pragma unroll
-    for (int c = 0; c < VPT; ++c) {
-        load_chunk<T, VEC, true>(xr, (c * blockDim.x + threadIdx.x) * E, len, v[c]);
+    for (int c = 0; c < VPT; ++c)
 #pragma unroll
-        for (int i = 0; i < E; ++i) sum += v[c][i];
-    }
+        for (int i = 0; i < E; ++i) sum += v[c].get(i);
     const float mean = group_sum(sum, partial) / n;
     float sq = 0.f;
 #pragma unroll
@@ -173,7 +205,7 @@ layernorm_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         const int start = (c * blockDim.x + threadIdx.x) * E;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
-            const float d = v[c][i] - mean;
+            const float d = v[c].get(i) - mean;
             sq += start + i < len ? d * d : 0.f;  // padding would add mean^2
         }
     }
@@ -199,42 +231,39 @@ layernorm_long(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int step = blockDim.x * E;
     float sum = 0.f;
     for (int start = threadIdx.x * E; start < n; start += step) {
-        float v[E];
-        load_chunk<T, VEC>(xr, start, n, v);
+        const Chunk<T> v = load_chunk<T, VEC>(xr, start, n, false);
 #pragma unroll
-        for (int i = 0; i < E; ++i) sum += v[i];
+        for (int i = 0; i < E; ++i) sum += v.get(i);
     }
     const float mean = group_sum(sum, partial) / n;
     float sq = 0.f;
     for (int start = threadIdx.x * E; start < n; start += step) {
-        float v[E];
-        load_chunk<T, VEC>(xr, start, n, v);
+        const Chunk<T> v = load_chunk<T, VEC>(xr, start, n, false);
 #pragma unroll
         for (int i = 0; i < E; ++i) {
-            const float d = v[i] - mean;
+            const float d = v.get(i) - mean;
             sq += start + i < n ? d * d : 0.f;
         }
     }
     const float rstd = rsqrtf(group_sum(sq, partial) / n + eps);
     for (int start = threadIdx.x * E; start < n; start += step) {
-        float v[E];
-        load_chunk<T, VEC, true>(xr, start, n, v);
+        Chunk<T> v = load_chunk<T, VEC>(xr, start, n, true);
         normalize<T, VEC>(v, w, b, start, n, mean, rstd);
         store_chunk<T, VEC>(yr, start, n, v);
     }
 }
 
+// Threads a row: enough for VPT chunks each, a multiple of 32.
 template <typename T, bool VEC>
 int launch(const T* x, const T* w, const T* b, T* y, long long rows, int n, long long sx,
            long long sy, float eps, int tpr, int rpb, cudaStream_t stream) {
     constexpr int E = Chunk<T>::E;
     const long long chunks = (n + E - 1) / E;
-    int g = 32;  // threads per row: each holds up to VPT chunks
-    while (g < 1024 && (long long)Chunk<T>::VPT * g < chunks) g *= 2;
-    if ((long long)Chunk<T>::VPT * g < chunks) {  // longer than 1024 threads can hold
+    if (chunks > VPT * 1024LL) {  // longer than 1024 threads can hold
         layernorm_long<T, VEC><<<(unsigned)rows, 1024, 0, stream>>>(x, w, b, y, n, sx, sy, eps);
         return (int)cudaGetLastError();
     }
+    int g = (int)((chunks + VPT - 1) / VPT + 31) / 32 * 32;
     if (tpr >= g && tpr <= 1024 && tpr % 32 == 0) g = tpr;  // tuning: more threads a row
     int per_block = g >= 256 ? 1 : 256 / g;
     if (rpb > 0) per_block = rpb < 1024 / g ? rpb : 1024 / g;

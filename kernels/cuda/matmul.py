@@ -12,15 +12,20 @@ Three kernels, picked per call (`path` overrides it, for tuning and checks):
     one thread issues TMA copies of the next 128x64 tile of A and 64x256 tile of B into a
     4-stage ring of shared memory, each stage guarded by two mbarriers ("full": the copy engine
     counts the bytes in; "empty": the consumers are done with it). Warpgroups 1 and 2 are the
-    consumers: each owns 64 rows of the tile and issues wgmma.m64n128k16 (asynchronous
-    warpgroup MMAs that read both operands straight from shared memory) into 2x64 fp32
+    consumers: each owns 64 rows of the tile and issues wgmma.m64n256k16 (asynchronous
+    warpgroup MMAs that read both operands straight from shared memory) into 128 fp32
     accumulator registers, keeping one k-tile of MMAs in flight while it releases the stage
     before. The producer gives registers to the consumers (setmaxnreg: 40 for it, 232 for
     them). TMA writes the tiles in the 128-byte swizzled layout wgmma reads (K-major A; B either
     N-major, [K,N] rows, read with wgmma's transpose bit, or K-major, the [N,K] rows of an
     nn.Linear weight), and fills out-of-range rows and columns with zeros, so no tail needs a
-    mask until the epilogue. Tiles are visited in groups of 8 tile rows, column by column, so
-    the blocks in flight share A and B in L2.
+    mask until the epilogue. The epilogue adds the bias in fp32, rounds to C's dtype and writes
+    each 64x64 slice of a consumer's rows to shared memory (stmatrix, in the same 128-byte
+    swizzle: no bank conflicts), from where one thread stores it with TMA (whole 128-byte rows,
+    rows and columns past C clipped); each consumer has two slice buffers, so a slice's store
+    runs while the next is written (C rows not 16-byte aligned: 4-byte stores from the
+    registers). Tiles are visited in groups of 8 tile rows, column by column, so the blocks in
+    flight share A and B in L2.
   * sm_80 and newer, fp16/bf16, aligned: mma.sync.m16n8k16 on 128x128x64 tiles, 8 warps (64x32
     of C each), a 3-stage cp.async pipeline (global -> shared without registers) and ldmatrix
     fragment loads from XOR-swizzled shared memory (16-byte chunk c of row r stored at c ^ (r %
@@ -31,10 +36,9 @@ Three kernels, picked per call (`path` overrides it, for tuning and checks):
 
 Deterministic: no atomics and no split-K; each C element is summed by one thread in a fixed order.
 
-Things to try: TMA stores of C through shared memory (the epilogue's 4-byte stores use half of
-each 32-byte sector), two consumer pairs ping-ponging so one's epilogue hides under the other's
-MMAs, clusters of 2 with TMA multicast of the shared A tile, 128x128 tiles when N leaves a
-256-wide last column half empty, split-K for tiny M.
+Things to try: two consumer pairs ping-ponging so one's epilogue hides under the other's MMAs,
+clusters of 2 with TMA multicast of the shared A tile, 128x128 tiles when N leaves a 256-wide
+last column half empty, split-K for tiny M.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/matmul.py     # on a GPU machine
@@ -315,8 +319,15 @@ gemm_mma(const T* __restrict__ A, const T* __restrict__ B, const T* __restrict__
 namespace hopper {
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 384;
 constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
-// the stages, their two barriers each, and room to align the stages to 1024 bytes
-constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024;
+// C leaves through shared memory in 64x64 slices (one TMA box: 64 rows of 128 bytes), two
+// buffers per consumer warpgroup used in turn: one is written while the other's TMA store reads
+// it. A whole 64x256 tile per warpgroup (64 KB) would cost a stage of the ring (4 x 48 KB): the
+// mainloop keeps its depth, and the stores overlap the next slice's conversion and the next
+// tile's first MMAs instead.
+constexpr uint32_t C_BYTES = 64 * 64 * 2;
+// the stages, C's 2 x 2 slices, the stages' two barriers each, and room to align to 1024 bytes
+constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 4 * C_BYTES + 2 * STAGES * 8 + 1024;
+static_assert(SMEM <= 227 * 1024, "more shared memory than a Hopper block may have");
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
@@ -343,6 +354,39 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
                  :: "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int c0, int c1, uint32_t src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 :: "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk stores, all but the newest N, are done reading shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+// This thread's shared-memory writes are seen by the TMA engine (the async proxy).
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Named barrier `id` over one warpgroup (id 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int id) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory");
+}
+// Four 8x8 b16 matrices to shared memory: register q holds the thread's pair of matrix q (row
+// lane / 4, columns 2 (lane % 4) and + 1, the mma accumulator layout); lane l gives the address
+// of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the low 16 bits
+    T two[2] = {from_f32<T>(lo), from_f32<T>(hi)};
+    return *reinterpret_cast<uint32_t*>(two);
+}
+
 // A shared-memory matrix descriptor for a 128-byte-swizzled tile (PTX "matrix descriptor"):
 // start address, leading and stride byte offsets (all >> 4), swizzle mode 1 in bits 62-63.
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -363,40 +407,53 @@ __device__ __forceinline__ void wgmma_wait() {
 
 #define AK_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define AK_ACC64 AK_ACC8(0), AK_ACC8(8), AK_ACC8(16), AK_ACC8(24), AK_ACC8(32), AK_ACC8(40), \
-                 AK_ACC8(48), AK_ACC8(56)
-#define AK_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define AK_WGMMA_N128(TYPE) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " AK_REGS64 \
-                 ", %64, %65, p, 1, 1, 0, %67;\n}\n" \
-                 : AK_ACC64 : "l"(da), "l"(db), "r"(1), "n"(TRANS_B) : "memory")
+#define AK_ACC64(i) AK_ACC8(i), AK_ACC8(i + 8), AK_ACC8(i + 16), AK_ACC8(i + 24), \
+                    AK_ACC8(i + 32), AK_ACC8(i + 40), AK_ACC8(i + 48), AK_ACC8(i + 56)
+#define AK_REGS128 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
+    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
+    "%120, %121, %122, %123, %124, %125, %126, %127" "}"
+#define AK_WGMMA_N256(TYPE) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " AK_REGS128 \
+                 ", %128, %129, p, 1, 1, 0, %131;\n}\n" \
+                 : AK_ACC64(0), AK_ACC64(64) : "l"(da), "l"(db), "r"(1), "n"(TRANS_B) : "memory")
 
-// D (64x128 fp32, this warpgroup's registers) += A (64x16, smem) * B (16x128, smem).
+// D (64x256 fp32, this warpgroup's registers) += A (64x16, smem) * B (16x256, smem): one
+// instruction for the warpgroup's whole row band, so A is read from shared memory once per
+// k-step (two n128 instructions read it twice).
 // TRANS_B = 1: B's tile is N-major ([k][n] rows); 0: K-major ([n][k] rows).
 template <typename T, int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
-    if constexpr (std::is_same<T, __half>::value) AK_WGMMA_N128("f16");
-    else AK_WGMMA_N128("bf16");
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
+    if constexpr (std::is_same<T, __half>::value) AK_WGMMA_N256("f16");
+    else AK_WGMMA_N256("bf16");
 }
 }  // namespace hopper
 
 // Persistent: one block per SM walks tiles blockIdx.x, + gridDim.x, ...; the k-tiles of all its
 // tiles are one sequence `it` through the stage ring, so the producer fills the next tile's
-// first stages while the consumers run this tile's epilogue.
+// first stages while the consumers run this tile's epilogue. tma_c: C leaves through shared
+// memory and TMA stores (tmC); else by 4-byte stores from the registers (C's rows not 16-byte
+// aligned).
 template <typename T, bool B_KMAJOR>
 __global__ void __launch_bounds__(hopper::THREADS, 1)
 gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-           const T* __restrict__ bias, T* __restrict__ C, int M, int N, int K, long long ldc,
-           bool pair) {
+           const __grid_constant__ CUtensorMap tmC, const T* __restrict__ bias, T* __restrict__ C,
+           int M, int N, int K, long long ldc, bool pair, bool tma_c) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace hopper;
     extern __shared__ uint8_t smem[];
     const uint32_t base = (smem_addr(smem) + 1023) & ~1023u;  // 128B swizzle: 1024B-aligned tiles
-    const uint32_t sA = base, sB = base + STAGES * A_BYTES, bars = sB + STAGES * B_BYTES;
+    const uint32_t sA = base, sB = base + STAGES * A_BYTES, sC = sB + STAGES * B_BYTES;
+    const uint32_t bars = sC + 4 * C_BYTES;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -437,16 +494,15 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     } else {  // consumers: warpgroup 1 rows 0-63 of each tile, warpgroup 2 rows 64-127
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, warp = (threadIdx.x % 128) / 32;
-        int it = 0;
+        const bool leader = threadIdx.x % 128 == 0;  // issues and waits for the C stores
+        int it = 0, slices = 0;
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
             int pm, pn;
             tile_of(tile, tiles_m, tiles_n, pm, pn);
             const int m0 = pm * BM, n0 = pn * BN;
-            float acc[BN / 128][64];
+            float acc[BN / 2];
 #pragma unroll
-            for (int h = 0; h < BN / 128; ++h)
-#pragma unroll
-                for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < KT; ++kt, ++it) {
                 const int s = it % STAGES;
                 mbar_wait(full(s), (it / STAGES) & 1);
@@ -455,15 +511,11 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 for (int kk = 0; kk < BK / 16; ++kk) {
                     // A: 64 rows of 128 bytes from row cw*64; a k-step is 32 bytes into a row.
                     const uint64_t da = desc(sA + s * A_BYTES + cw * 64 * 128 + kk * 32, 16, 1024);
-#pragma unroll
-                    for (int h = 0; h < BN / 128; ++h) {
-                        uint64_t db;
-                        if (B_KMAJOR)  // 128 rows of n from row h*128, 32 bytes a k-step
-                            db = desc(sB + s * B_BYTES + h * 128 * 128 + kk * 32, 16, 1024);
-                        else  // 64-column blocks 8 KB apart (LBO), 8-row k groups 1 KB apart (SBO)
-                            db = desc(sB + s * B_BYTES + h * 2 * 8192 + kk * 16 * 128, 8192, 1024);
-                        wgmma_m64n128k16<T, B_KMAJOR ? 0 : 1>(acc[h], da, db);
-                    }
+                    const uint64_t db =
+                        B_KMAJOR ? desc(sB + s * B_BYTES + kk * 32, 16, 1024)  // 256 n-rows
+                                 // 64-column blocks 8 KB apart (LBO), 8-row k groups 1 KB apart
+                                 : desc(sB + s * B_BYTES + kk * 16 * 128, 8192, 1024);
+                    wgmma_m64n256k16<T, B_KMAJOR ? 0 : 1>(acc, da, db);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the MMAs of the k-tile before are done: release its stage
@@ -474,17 +526,54 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             // Accumulator layout (wgmma m64nN, fp32): value i of a thread sits at row
             // 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
             // column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
-            const int row = m0 + cw * 64 + warp * 16 + lane / 4;
+            if (!tma_c) {
+                const int row = m0 + cw * 64 + warp * 16 + lane / 4;
 #pragma unroll
-            for (int h = 0; h < BN / 128; ++h)
-#pragma unroll
-                for (int i = 0; i < 64; i += 4) {
-                    const int col = n0 + h * 128 + (i / 4) * 8 + 2 * (lane % 4);
-                    store_pair(C, bias, M, N, ldc, row, col, acc[h][i], acc[h][i + 1], pair);
-                    store_pair(C, bias, M, N, ldc, row + 8, col, acc[h][i + 2], acc[h][i + 3],
-                               pair);
+                for (int i = 0; i < BN / 2; i += 4) {
+                    const int col = n0 + (i / 4) * 8 + 2 * (lane % 4);
+                    store_pair(C, bias, M, N, ldc, row, col, acc[i], acc[i + 1], pair);
+                    store_pair(C, bias, M, N, ldc, row + 8, col, acc[i + 2], acc[i + 3], pair);
                 }
+                continue;
+            }
+            if (m0 + cw * 64 >= M) continue;  // none of this warpgroup's rows are in C
+            // Slice sl (columns 64 sl to 64 sl + 63) goes to the buffer the store before last
+            // read, laid out as the TMA box's 128-byte swizzle wants it: 16-byte chunk c of row r
+            // at chunk c ^ (r % 8) of the row, so the 8 rows of each 8x8 matrix of a stmatrix
+            // fall in 8 different bank groups. Rows and columns past C are clipped by the store.
+            const int r = warp * 16 + lane % 16;  // the row this lane's stmatrix addresses are in
+#pragma unroll
+            for (int sl = 0; sl < BN / 64; ++sl) {
+                if (n0 + 64 * sl >= N) break;  // the rest of the tile is past C's last column
+                const uint32_t buf = sC + (2 * cw + slices++ % 2) * C_BYTES;
+                if (leader) bulk_wait_read<1>();  // the store that read buf last is done with it
+                warpgroup_sync(1 + cw);
+                // stmatrix q of each j: rows 8 (q % 2) to 8 (q % 2) + 7 of n8 block j + q / 2
+#pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    uint32_t v[4];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const int i = 32 * sl + 4 * j + 2 * q;
+                        float v0 = acc[i], v1 = acc[i + 1];
+                        const int col = n0 + 64 * sl + 8 * (j + q / 2) + 2 * (lane % 4);
+                        if (bias != nullptr) {
+                            if (col < N) v0 += to_f32(bias[col]);
+                            if (col + 1 < N) v1 += to_f32(bias[col + 1]);
+                        }
+                        v[q] = pack2<T>(v0, v1);
+                    }
+                    stmatrix_x4(buf + r * 128 + (((j + lane / 16) ^ (r % 8)) << 4), v);
+                }
+                fence_async_shared();
+                warpgroup_sync(1 + cw);  // the whole slice is written
+                if (leader) {
+                    tma_store_2d(&tmC, n0 + 64 * sl, m0 + cw * 64, buf);
+                    bulk_commit();
+                }
+            }
         }
+        if (leader) bulk_wait_read<0>();  // shared memory outlives the stores' reads
     }
 #endif
 }
@@ -514,7 +603,7 @@ static EncodeTiled encode_tiled() {
 }
 
 // A 2-D map over a row-major [rows, cols] matrix (row stride ld elements), 128-byte swizzled
-// boxes of box_rows x box_cols; out-of-range elements read as zeros.
+// boxes of box_rows x box_cols; out-of-range elements read as zeros and are not stored.
 template <typename T>
 static bool make_map(CUtensorMap* map, const void* ptr, long long rows, long long cols,
                      long long ld, int box_cols, int box_rows) {
@@ -580,21 +669,24 @@ static int launch(const T* A, const T* B, const T* bias, T* C, int M, int N, int
     if constexpr (sizeof(T) == 2) {
         if (path == WGMMA) {
             using namespace hopper;
-            CUtensorMap ta, tb;
+            CUtensorMap ta, tb, tc = {};
             const bool ok = make_map<T>(&ta, A, M, K, lda, BK, BM) &&
                             (b_kmajor ? make_map<T>(&tb, B, N, K, ldb, BK, BN)
                                       : make_map<T>(&tb, B, K, N, ldb, 64, BK));
+            // C's stores go through TMA where its rows are 16-byte aligned: 64x64 boxes
+            const bool tma_c = aligned16(C) && (ldc * sizeof(T)) % 16 == 0 &&
+                               make_map<T>(&tc, C, M, N, ldc, 64, 64);
             if (ok) {
                 const int tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
                 const unsigned grid = (unsigned)(tiles < sm_count() ? tiles : sm_count());
                 if (b_kmajor) {
                     allow_smem((const void*)gemm_wgmma<T, true>, SMEM);
-                    gemm_wgmma<T, true><<<grid, THREADS, SMEM, stream>>>(ta, tb, bias, C, M, N,
-                                                                         K, ldc, pair);
+                    gemm_wgmma<T, true><<<grid, THREADS, SMEM, stream>>>(
+                        ta, tb, tc, bias, C, M, N, K, ldc, pair, tma_c);
                 } else {
                     allow_smem((const void*)gemm_wgmma<T, false>, SMEM);
-                    gemm_wgmma<T, false><<<grid, THREADS, SMEM, stream>>>(ta, tb, bias, C, M, N,
-                                                                          K, ldc, pair);
+                    gemm_wgmma<T, false><<<grid, THREADS, SMEM, stream>>>(
+                        ta, tb, tc, bias, C, M, N, K, ldc, pair, tma_c);
                 }
                 return (int)cudaGetLastError();
             }
@@ -623,7 +715,7 @@ static int launch(const T* A, const T* B, const T* bias, T* C, int M, int N, int
 // activation(C) in place, element by element: 1 gelu_tanh (0.5 x (1 + tanh(u)) written as
 // x - x / (exp(2u) + 1), finite where exp overflows), 2 gelu (erf). C is rounded to T once before
 // it (the fp64 oracle rounds once, after): within the tolerance; fusing it into the GEMMs'
-// epilogue (store_pair) would save this second pass over C.
+// epilogues would save this second pass over C.
 template <typename T>
 __global__ void activate(T* C, long long n, int kind) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;

@@ -3,29 +3,38 @@ Softmax over the last dim of x[M, N], in CUDA C++. Starter kernel for AutoKernel
 (BACKEND = "cuda"). Math in fp32 (max-subtracted, so huge inputs do not overflow); the output
 has x's dtype.
 
-Two kernels, picked by row length:
-  * rows that fit in registers (up to 32K elements): a group of G threads owns a row (G a
-    multiple of 32, up to 1024; blockDim.y rows per block when rows are short). Each thread
-    loads its 16-byte chunks (8 halves or 4 floats; up to 32 floats' worth, a compile-time
-    count, so they stay in registers) up front, interleaved across the group so that a warp's
-    load reads 512 contiguous bytes (skipping L1, evict-first in L2: x is read once). Then:
-    the row max (a warp-shuffle butterfly, then the warps' partials through shared memory),
-    exp(x - max) computed once and kept in the registers that held x, the row sum (the same
-    two-level reduction, in warp order: bitwise deterministic), and one multiply by 1/sum per
-    element before the 16-byte stores. One read and one write of x: what a copy costs.
-  * longer rows (vocabulary-sized with fp32, 50257 / 128256): one block of 1024 threads per
-    row. Pass 1 keeps a running max and a sum of exp rescaled to it per thread (online
-    softmax: one exp per element, one more per chunk whose max is new); the threads' pairs are
-    then combined. Pass 2 re-reads the row (mostly from L2) and writes exp(x - max) / sum.
-16-byte access needs 16-byte aligned rows: others (N = 1023, 50257, ...) take the same kernels
-with element-wise loads. exp is exp2f of (x - max) * log2(e).
+One read and one write of x, what a copy costs, for rows up to 128K 16-bit elements (64K
+floats):
+  * A group of G threads owns a row (G a multiple of 32, up to 1024; blockDim.y rows per block
+    when rows are short). Each thread loads two 16-byte chunks of it (8 halves or 4 floats
+    each) up front, interleaved across the group so that a warp's load reads 512 contiguous
+    bytes, skipping L1 and marked evict-first in L2 (x is read once). The chunks stay in
+    registers as the input's own 16-bit values: with two chunks a thread the kernel fits in 32
+    registers, so an SM keeps 2048 threads (64 KB of x) in flight, which is what hides the
+    memory latency. (Four chunks a thread, held as floats, take 64 registers and half the
+    threads: 125 us against 100 at 8192x8192 fp16 on an H100.)
+  * Then the row max (a warp-shuffle butterfly, then the warps' partials through shared memory,
+    in warp order: bitwise deterministic), the sum of exp(x - max), and the output exp(x - max)
+    / sum, computed again rather than kept (registers are what limit the threads in flight).
+  * A row longer than 1024 threads' chunks is split over a cluster of 2 to 8 blocks (Hopper's
+    thread-block clusters, which run together on neighbouring SMs): each block reduces its
+    slice to (max, sum of exp) and reads the other blocks' pairs from their shared memory
+    (distributed shared memory), merged in rank order. The row moves once, but the blocks wait
+    for one another: 4096x50257 fp16 runs 508 us on an H100, where torch takes 388 and the
+    Triton starter (slices that exchange their pairs through global memory) 289.
+  * Rows that start off a 16-byte boundary (N = 50257: every other row) are cut at the
+    boundaries: chunk k starts at element 8k - lead, whole chunks are aligned vectors, and only
+    the partial chunks at the row's two ends go element by element.
+Longer rows (and GPUs without clusters, before Hopper) take a two-pass kernel: one block of
+1024 threads per row keeps a running max and a sum of exp rescaled to it (online softmax),
+then re-reads the row (mostly from L2) to write it. exp is exp2f of x * log2(e) - max * log2(e).
 
-G is the fewest threads that hold the row: 256 for 8192 halves. Kernels are
-compiled with __launch_bounds__(1024) (at most 64 registers a thread), so any G launches.
-
-Things to try: split long rows over several blocks of a cluster (distributed shared memory to
-exchange the (max, sum) pairs) so 50257-wide rows stay in registers; fewer threads per row with
-more chunks each.
+Tried and slower on the H100 at 8192x8192: a persistent grid that loads a row group's next row
+while it reduces this one (100 -> 103-114 us: the second row's registers cost occupancy or
+spill), and one reduction of (max, sum) pairs instead of two (125 us: the warps' pairs merge
+one after another, two exp each).
+Things to try: the long rows' slices in shared memory (TMA bulk loads) with more blocks an SM,
+or their pairs exchanged through global memory as the Triton starter does.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/softmax.py     # on a GPU machine
@@ -44,10 +53,13 @@ THREADS_PER_ROW = 0
 ROWS_PER_BLOCK = 0
 
 CUDA_SRC = r"""
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math_constants.h>
 #include <stdint.h>
+
+namespace cg = cooperative_groups;
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
@@ -62,12 +74,58 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 
 constexpr float LOG2E = 1.4426950408889634f;
+constexpr int VPT = 2;          // chunks a thread holds
+constexpr int MAX_CLUSTER = 8;  // blocks a row may span (the portable cluster size)
 
-// E elements of T make one 16-byte chunk; a thread holds up to VPT chunks of a row in
-// registers (32 floats: with __launch_bounds__(1024), 64 registers a thread leave room).
+// A chunk is 16 bytes, E elements of T: what one vector load or store moves. It stays four
+// 32-bit registers; elements are read and written as floats by bit operations (a union or a
+// pointer cast would put the chunk in local memory).
 template <typename T> struct Chunk {
-    static constexpr int E = 16 / sizeof(T), VPT = 32 / E;
+    static constexpr int E = 16 / sizeof(T);
+    uint4 raw;
+    __device__ __forceinline__ unsigned word(int w) const {
+        return w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+    }
+    __device__ __forceinline__ void set_word(int w, unsigned v) {
+        if (w == 0) raw.x = v;
+        else if (w == 1) raw.y = v;
+        else if (w == 2) raw.z = v;
+        else raw.w = v;
+    }
+    __device__ __forceinline__ float get(int i) const;
+    __device__ __forceinline__ void set(int i, float v);
+    static __device__ __forceinline__ Chunk splat(float v) {  // every element v
+        Chunk c;
+        c.raw = make_uint4(0, 0, 0, 0);
+        c.set(0, v);
+        const unsigned w = E == 4 ? c.raw.x : c.raw.x * 0x10001u;  // 16-bit: both halves
+        c.raw = make_uint4(w, w, w, w);
+        return c;
+    }
 };
+
+template <> __device__ __forceinline__ float Chunk<float>::get(int i) const {
+    return __uint_as_float(word(i));
+}
+template <> __device__ __forceinline__ void Chunk<float>::set(int i, float v) {
+    set_word(i, __float_as_uint(v));
+}
+// 16-bit elements: element i is the low (even i) or high half of word i / 2.
+template <> __device__ __forceinline__ float Chunk<__half>::get(int i) const {
+    return __half2float(__ushort_as_half((unsigned short)(word(i / 2) >> (i % 2 * 16))));
+}
+template <> __device__ __forceinline__ void Chunk<__half>::set(int i, float v) {
+    const unsigned bits = __half_as_ushort(__float2half_rn(v)), shift = i % 2 * 16;
+    set_word(i / 2, (word(i / 2) & ~(0xffffu << shift)) | bits << shift);
+}
+template <> __device__ __forceinline__ float Chunk<__nv_bfloat16>::get(int i) const {
+    const unsigned w = word(i / 2);
+    return __uint_as_float(i % 2 ? w & 0xffff0000u : w << 16);  // bf16 is a float's top half
+}
+template <> __device__ __forceinline__ void Chunk<__nv_bfloat16>::set(int i, float v) {
+    const unsigned bits = __bfloat16_as_ushort(__float2bfloat16_rn(v)), shift = i % 2 * 16;
+    set_word(i / 2, (word(i / 2) & ~(0xffffu << shift)) | bits << shift);
+}
 
 // A 16-byte load of data read for the last time: it skips L1 and marks its L2 line
 // evict-first (keeping it cached would only evict something still needed).
@@ -80,46 +138,61 @@ __device__ __forceinline__ uint4 load_last(const void* p) {
     return v;
 }
 
-// The E elements of a row starting at `start`, as floats (-inf past the row's end: they add
-// nothing to a max or to a sum of exp). VEC: one 16-byte load (rows aligned and N a multiple
-// of E: a chunk is all in or all out).
-template <typename T, bool VEC, bool LAST = false>
-__device__ __forceinline__ void load_chunk(const T* row, int start, int n,
-                                           float (&v)[Chunk<T>::E]) {
+// How a row is accessed. ALIGNED: every row starts on a 16-byte boundary and N is a multiple
+// of E, so a chunk is wholly inside the row or wholly past it. LEAD: rows start anywhere (x
+// and y alike); whole chunks are vectors, the two partial ones element by element. SCALAR:
+// element by element (x and y sit differently against the boundaries).
+enum Mode { ALIGNED, LEAD, SCALAR };
+
+// A chunk that is partly outside the row, element by element. Not inlined: it runs for two
+// chunks of a row at most, and inlined its eight guarded loads cost every thread registers.
+template <typename T>
+__device__ __noinline__ Chunk<T> load_partial(const T* row, int start, int n, float fill) {
+    Chunk<T> c;
+    c.raw = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < Chunk<T>::E; ++i)
+        c.set(i, start + i >= 0 && start + i < n ? to_f32(row[start + i]) : fill);
+    return c;
+}
+
+template <typename T>
+__device__ __noinline__ void store_partial(T* row, int start, int n, Chunk<T> c) {
+#pragma unroll
+    for (int i = 0; i < Chunk<T>::E; ++i)
+        if (start + i >= 0 && start + i < n) row[start + i] = from_f32<T>(c.get(i));
+}
+
+// Elements start .. start + E - 1 of a row of n; `fill` where outside [0, n).
+template <typename T, Mode MODE>
+__device__ __forceinline__ Chunk<T> load_chunk(const T* row, int start, int n, float fill) {
     constexpr int E = Chunk<T>::E;
-    if (VEC) {
-        if (start < n) {
-            const uint4 raw = LAST ? load_last(row + start)
-                                   : __ldg(reinterpret_cast<const uint4*>(row + start));
-            const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int i = 0; i < E; ++i) v[i] = to_f32(e[i]);
-        } else {
-#pragma unroll
-            for (int i = 0; i < E; ++i) v[i] = -CUDART_INF_F;
-        }
+    Chunk<T> c;
+    if (MODE != SCALAR && start >= 0 && start + E <= n) {
+        c.raw = load_last(row + start);
+    } else if (MODE == ALIGNED) {
+        c = Chunk<T>::splat(fill);
     } else {
-#pragma unroll
-        for (int i = 0; i < E; ++i) v[i] = start + i < n ? to_f32(row[start + i]) : -CUDART_INF_F;
+        c = load_partial(row, start, n, fill);
+    }
+    return c;
+}
+
+template <typename T, Mode MODE>
+__device__ __forceinline__ void store_chunk(T* row, int start, int n, const Chunk<T>& c) {
+    constexpr int E = Chunk<T>::E;
+    if (MODE != SCALAR && start >= 0 && start + E <= n) {
+        *reinterpret_cast<uint4*>(row + start) = c.raw;
+    } else if (MODE != ALIGNED) {
+        store_partial(row, start, n, c);
     }
 }
 
-template <typename T, bool VEC>
-__device__ __forceinline__ void store_chunk(T* row, int start, int n,
-                                            const float (&v)[Chunk<T>::E]) {
-    constexpr int E = Chunk<T>::E;
-    if (VEC) {
-        if (start >= n) return;
-        uint4 raw;
-        T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < E; ++i) e[i] = from_f32<T>(v[i]);
-        *reinterpret_cast<uint4*>(row + start) = raw;
-    } else {
-#pragma unroll
-        for (int i = 0; i < E; ++i)
-            if (start + i < n) row[start + i] = from_f32<T>(v[i]);
-    }
+// How many elements a row starts past a 16-byte boundary (LEAD): chunk k of the row begins
+// at element k * E - lead, so every chunk but the first and last is an aligned vector.
+template <typename T, Mode MODE>
+__device__ __forceinline__ int lead_of(const T* row) {
+    return MODE == LEAD ? (int)(((uintptr_t)row & 15) / sizeof(T)) : 0;
 }
 
 // A reduction over one row group (blockDim.x threads, a multiple of 32), returned to every
@@ -142,108 +215,169 @@ __device__ __forceinline__ float group_reduce(float v, float* partial) {
     return r;
 }
 
-template <typename T, bool VEC>
-__global__ void __launch_bounds__(1024)
-softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, long long sx,
-             long long sy) {
-    constexpr int E = Chunk<T>::E, VPT = Chunk<T>::VPT;
-    __shared__ float partial[32];
-    const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
-    const bool live = row < rows;  // a short last block still joins the reductions
-    const T* xr = x + (live ? row : 0) * sx;
-    float v[VPT][E];
-    float m = -CUDART_INF_F;
-#pragma unroll
-    for (int c = 0; c < VPT; ++c) {
-        load_chunk<T, VEC, true>(xr, (c * blockDim.x + threadIdx.x) * E, live ? n : 0, v[c]);
-#pragma unroll
-        for (int i = 0; i < E; ++i) m = fmaxf(m, v[c][i]);
-    }
-    m = group_reduce<true>(m, partial);
-    // One FMA a element: the rounding of m * log2(e) scales every exp of the row alike, and
-    // the division by their sum cancels it.
-    const float m2 = m * LOG2E;
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < VPT; ++c) {
-#pragma unroll
-        for (int i = 0; i < E; ++i) {
-            v[c][i] = exp2f(fmaf(v[c][i], LOG2E, -m2));  // padding: exp2(-inf) = 0
-            s += v[c][i];
-        }
-    }
-    const float inv = 1.f / group_reduce<false>(s, partial);
-    if (!live) return;
-    T* yr = y + row * sy;
-#pragma unroll
-    for (int c = 0; c < VPT; ++c) {
-#pragma unroll
-        for (int i = 0; i < E; ++i) v[c][i] *= inv;
-        store_chunk<T, VEC>(yr, (c * blockDim.x + threadIdx.x) * E, n, v[c]);
-    }
+// (max, sum of exp(x - max)) of two parts of a row, merged.
+__device__ __forceinline__ float2 merge(float2 a, float2 b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -CUDART_INF_F) return a;  // both empty
+    return make_float2(m, a.y * exp2f((a.x - m) * LOG2E) + b.y * exp2f((b.x - m) * LOG2E));
 }
 
-template <typename T, bool VEC>
+// One row per group of blockDim.x threads, or per cluster of `cluster` blocks (blockDim.y is
+// then 1): each thread holds VPT chunks of its block's slice of the row. A tight register
+// budget (32 a thread: 2048 threads an SM) for the aligned rows; the element-by-element paths
+// get 64.
+template <typename T, Mode MODE>
+__global__ void __launch_bounds__(1024, 2)
+softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, long long sx,
+             long long sy, int cluster) {
+    constexpr int E = Chunk<T>::E;
+    __shared__ float partial[32];
+    __shared__ float2 block_stats;  // this block's (max, sum), read by the cluster's blocks
+    const int rank = cluster > 1 ? (int)(blockIdx.x % cluster) : 0;
+    const long long row = cluster > 1 ? (long long)(blockIdx.x / cluster)
+                                      : (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    const bool live = row < rows;  // a short last block still joins the reductions
+    const T* xr = x + (live ? row : 0) * sx;
+    const int first = (rank * VPT * blockDim.x + threadIdx.x) * E - lead_of<T, MODE>(xr);
+    const float minus_inf = -CUDART_INF_F;  // adds nothing to a max or a sum of exp
+    Chunk<T> v[VPT];
+#pragma unroll
+    for (int c = 0; c < VPT; ++c)
+        v[c] = load_chunk<T, MODE>(xr, first + c * blockDim.x * E, live ? n : 0, minus_inf);
+    float m = minus_inf;
+#pragma unroll
+    for (int c = 0; c < VPT; ++c)
+#pragma unroll
+        for (int i = 0; i < E; ++i) m = fmaxf(m, v[c].get(i));
+    m = group_reduce<true>(m, partial);
+    // One FMA a element: the rounding of m * log2(e) scales every exp of the slice alike,
+    // and the division by their sum cancels it.
+    float m2 = m * LOG2E, s = 0.f;
+    if (m != -CUDART_INF_F) {  // a block's slice of a masked row may hold nothing but -inf
+#pragma unroll
+        for (int c = 0; c < VPT; ++c)
+#pragma unroll
+            for (int i = 0; i < E; ++i) s += exp2f(fmaf(v[c].get(i), LOG2E, -m2));
+    }
+    s = group_reduce<false>(s, partial);
+    if (cluster > 1) {
+        cg::cluster_group blocks = cg::this_cluster();
+        if (threadIdx.x == 0) block_stats = make_float2(m, s);
+        blocks.sync();
+        float2 all = *blocks.map_shared_rank(&block_stats, 0);
+        for (int r = 1; r < cluster; ++r)  // rank order: deterministic
+            all = merge(all, *blocks.map_shared_rank(&block_stats, r));
+        // "Done reading the others' pairs": a block leaves only once all have said it (the
+        // wait at the end), and the stores in between overlap the other blocks' reads.
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+        m = all.x;
+        s = all.y;
+        m2 = m * LOG2E;
+    }
+    const float inv = 1.f / s;
+    if (live) {
+        T* yr = y + row * sy;
+#pragma unroll
+        for (int c = 0; c < VPT; ++c) {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[c].set(i, exp2f(fmaf(v[c].get(i), LOG2E, -m2)) * inv);
+            store_chunk<T, MODE>(yr, first + c * blockDim.x * E, n, v[c]);
+        }
+    }
+    if (cluster > 1) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Rows too long for a cluster's registers: a running max and a sum of exp rescaled to it per
+// thread (online softmax), then a second pass that re-reads the row, mostly from L2.
+template <typename T, Mode MODE>
 __global__ void __launch_bounds__(1024)
 softmax_long(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, long long sy) {
     constexpr int E = Chunk<T>::E;
     __shared__ float partial[32];
     const T* xr = x + blockIdx.x * sx;
     T* yr = y + blockIdx.x * sy;
-    const int step = blockDim.x * E;
-    float m = -CUDART_INF_F, s = 0.f;  // this thread's max and its sum of exp(x - m)
-    for (int start = threadIdx.x * E; start < n; start += step) {
-        float v[E];
-        load_chunk<T, VEC>(xr, start, n, v);
-        float cm = v[0];
+    const int first = threadIdx.x * E - lead_of<T, MODE>(xr), step = blockDim.x * E;
+    float2 st = make_float2(-CUDART_INF_F, 0.f);  // this thread's max and sum of exp(x - max)
+    for (int start = first; start < n; start += step) {
+        const Chunk<T> v = load_chunk<T, MODE>(xr, start, n, -CUDART_INF_F);
+        float cm = v.get(0);
 #pragma unroll
-        for (int i = 1; i < E; ++i) cm = fmaxf(cm, v[i]);
-        if (cm > m) {  // a new max: rescale what was summed so far
-            s *= exp2f((m - cm) * LOG2E);
-            m = cm;
+        for (int i = 1; i < E; ++i) cm = fmaxf(cm, v.get(i));
+        if (cm > st.x) {  // a new max: rescale what was summed so far
+            st.y *= exp2f((st.x - cm) * LOG2E);
+            st.x = cm;
         }
+        if (st.x == -CUDART_INF_F) continue;  // nothing but -inf so far: exp(-inf - -inf) is NaN
 #pragma unroll
-        for (int i = 0; i < E; ++i) s += exp2f((v[i] - m) * LOG2E);
+        for (int i = 0; i < E; ++i) st.y += exp2f((v.get(i) - st.x) * LOG2E);
     }
-    const float row_max = group_reduce<true>(m, partial);
-    s = m == -CUDART_INF_F ? 0.f : s * exp2f((m - row_max) * LOG2E);
+    const float row_max = group_reduce<true>(st.x, partial);
+    const float s = st.x == -CUDART_INF_F ? 0.f : st.y * exp2f((st.x - row_max) * LOG2E);
     const float inv = 1.f / group_reduce<false>(s, partial);
-    for (int start = threadIdx.x * E; start < n; start += step) {
-        float v[E];
-        load_chunk<T, VEC, true>(xr, start, n, v);
+    for (int start = first; start < n; start += step) {
+        Chunk<T> v = load_chunk<T, MODE>(xr, start, n, -CUDART_INF_F);
 #pragma unroll
-        for (int i = 0; i < E; ++i) v[i] = exp2f((v[i] - row_max) * LOG2E) * inv;
-        store_chunk<T, VEC>(yr, start, n, v);
+        for (int i = 0; i < E; ++i) v.set(i, exp2f((v.get(i) - row_max) * LOG2E) * inv);
+        store_chunk<T, MODE>(yr, start, n, v);
     }
 }
 
-template <typename T, bool VEC>
-int launch(const T* x, T* y, long long rows, int n, long long sx, long long sy, int tpr,
-           int rpb, cudaStream_t stream) {
-    constexpr int E = Chunk<T>::E;
-    const long long chunks = (n + E - 1) / E;
-    int g = 32;  // threads per row: each holds up to VPT chunks
-    while (g < 1024 && (long long)Chunk<T>::VPT * g < chunks) g *= 2;
-    if ((long long)Chunk<T>::VPT * g < chunks) {  // longer than 1024 threads can hold
-        softmax_long<T, VEC><<<(unsigned)rows, 1024, 0, stream>>>(x, y, n, sx, sy);
+// Threads a row: enough for VPT chunks each, a multiple of 32; rows past 1024 threads span a
+// cluster of 2, 4 or 8 blocks (Hopper) or take the two-pass kernel.
+template <typename T, Mode MODE>
+int launch(const T* x, T* y, long long rows, int n, long long sx, long long sy, int chunks,
+           int tpr, int rpb, cudaStream_t stream) {
+    int cluster = 1;
+#if AUTOKERNEL_SM >= 90
+    // Blocks of at most 512 threads where the row needs a cluster anyway: more of them share
+    // an SM, so one block's loads overlap another's cluster barriers (4096x50257 fp16: 8
+    // blocks of 416 threads, not 4 of 800, which left one block an SM).
+    if ((long long)VPT * 1024 < chunks)
+        for (cluster = 2; cluster < MAX_CLUSTER && (long long)VPT * 512 * cluster < chunks;)
+            cluster *= 2;
+#endif
+    if ((long long)VPT * 1024 * cluster < chunks || rows * cluster > 0x7fffffffLL) {
+        softmax_long<T, MODE><<<(unsigned)rows, 1024, 0, stream>>>(x, y, n, sx, sy);
         return (int)cudaGetLastError();
+    }
+    int g = ((chunks + VPT * cluster - 1) / (VPT * cluster) + 31) / 32 * 32;
+    if (cluster > 1) {
+        cudaLaunchConfig_t config = {};
+        cudaLaunchAttribute attribute[1];
+        attribute[0].id = cudaLaunchAttributeClusterDimension;
+        attribute[0].val.clusterDim.x = cluster;
+        attribute[0].val.clusterDim.y = 1;
+        attribute[0].val.clusterDim.z = 1;
+        config.gridDim = dim3((unsigned)(rows * cluster));
+        config.blockDim = dim3(g);
+        config.stream = stream;
+        config.attrs = attribute;
+        config.numAttrs = 1;
+        return (int)cudaLaunchKernelEx(&config, softmax_rows<T, MODE>, x, y, rows, n, sx, sy,
+                                       cluster);
     }
     if (tpr >= g && tpr <= 1024 && tpr % 32 == 0) g = tpr;  // tuning: more threads a row
     int per_block = g >= 256 ? 1 : 256 / g;
     if (rpb > 0) per_block = rpb < 1024 / g ? rpb : 1024 / g;
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(g, per_block);
-    softmax_rows<T, VEC><<<grid, block, 0, stream>>>(x, y, rows, n, sx, sy);
+    softmax_rows<T, MODE><<<grid, block, 0, stream>>>(x, y, rows, n, sx, sy, 1);
     return (int)cudaGetLastError();
 }
 
 template <typename T>
 int dispatch(const void* x, void* y, long long rows, int n, long long sx, long long sy,
              int tpr, int rpb, cudaStream_t stream) {
-    const auto aligned = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
-    const bool vec = (n * sizeof(T)) % 16 == 0 && (sx * sizeof(T)) % 16 == 0 &&
-                     (sy * sizeof(T)) % 16 == 0 && aligned(x) && aligned(y);
-    return vec ? launch<T, true>((const T*)x, (T*)y, rows, n, sx, sy, tpr, rpb, stream)
-               : launch<T, false>((const T*)x, (T*)y, rows, n, sx, sy, tpr, rpb, stream);
+    constexpr int E = Chunk<T>::E;
+    const long long es = sizeof(T);
+    const auto off = [](const void* p) { return (uintptr_t)p % 16; };
+    const T* xt = (const T*)x;
+    T* yt = (T*)y;
+    if (off(x) == 0 && off(y) == 0 && (n * es) % 16 == 0 && (sx * es) % 16 == 0 &&
+        (sy * es) % 16 == 0)
+        return launch<T, ALIGNED>(xt, yt, rows, n, sx, sy, n / E, tpr, rpb, stream);
+    if (off(x) == off(y) && (sx * es) % 16 == (sy * es) % 16)  // rows sit alike: one more chunk
+        return launch<T, LEAD>(xt, yt, rows, n, sx, sy, (n + 2 * E - 2) / E, tpr, rpb, stream);
+    return launch<T, SCALAR>(xt, yt, rows, n, sx, sy, (n + E - 1) / E, tpr, rpb, stream);
 }
 
 // dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES). tpr, rpb: threads a row
