@@ -19,15 +19,22 @@ Three kernels, as in kernels/cuda/matmul.py (`path` overrides the choice):
     (one block per SM walking tiles; the next tile's loads overlap this one's epilogue). One
     producer warpgroup streams 128x64 tiles of x and two 128x64 tiles of weights (gate and up,
     or two halves of w_down) into a 4-stage shared-memory ring guarded by mbarriers; two
-    consumer warpgroups each own 64 rows and issue wgmma.m64n128k16 into 2x64 fp32 registers.
-    Block tiles: 128x128 of h (gated), 128x256 of out.
+    consumer warpgroups each own 64 rows and keep 128 fp32 accumulators a thread: gated, two
+    wgmma.m64n128k16 a k-step (gate and up); down, one wgmma.m64n256k16 over both halves of
+    w_down's tile (256 consecutive K-major rows), so the x tile is read once a k-step. Block
+    tiles: 128x128 of h (gated), 128x256 of out. The epilogue rounds silu(g) * u (or out) to
+    x's dtype and writes each 64x64 slice of a consumer's rows to shared memory (stmatrix, in
+    the 128-byte swizzle: no bank conflicts), from where one thread stores it with TMA (whole
+    128-byte rows, rows and columns past h / out clipped); each consumer has two slice buffers,
+    so a slice's store runs while the next is written (out rows not 16-byte aligned, D not a
+    multiple of 8: 4-byte stores from the registers).
   * sm_80 and newer, fp16/bf16, aligned: mma.sync.m16n8k16 with a 3-stage cp.async pipeline and
     ldmatrix from XOR-swizzled shared memory; 128x64 (gated) or 128x128 tiles, 8 warps.
   * everything else (fp32, unaligned rows such as D = 1023): CUDA-core FMA, 128x128 tiles of 8x8
     outputs a thread.
 
-Things to try: TMA stores of h, 256-wide gated tiles (4 accumulator sets need
-the registers of a third consumer warpgroup), fusing the down projection per row block.
+Things to try: 256-wide gated tiles (4 accumulator sets need the registers of a third consumer
+warpgroup), fusing the down projection per row block.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/fused_mlp.py     # on a GPU machine
@@ -305,13 +312,19 @@ gemm_mma(const T* __restrict__ A, const T* __restrict__ W1, const T* __restrict_
 
 // ---------------------------------------------------------------------------------------------
 // Hopper kernel: TMA + mbarriers + wgmma, warp-specialized. B stage: two 128-row K-major tiles
-// (DUAL: the gate and up weights at the same columns; else two halves of a 256-wide tile).
+// (DUAL: the gate and up weights at the same columns; else two halves of a 256-wide tile, one
+// after the other: 256 rows of 128 bytes, which one n256 descriptor reads).
 // ---------------------------------------------------------------------------------------------
 namespace hopper {
 constexpr int BM = 128, BK = 64, STAGES = 4, THREADS = 384;
 constexpr uint32_t A_BYTES = BM * BK * 2, B_HALF = 128 * BK * 2, B_BYTES = 2 * B_HALF;
-// the stages, their two barriers each, and room to align the stages to 1024 bytes
-constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024;
+// C leaves through shared memory in 64x64 slices (one TMA box: 64 rows of 128 bytes), two
+// buffers per consumer warpgroup used in turn: one is written while the other's TMA store reads
+// it. A whole 64x256 band per warpgroup (64 KB) would cost a stage of the ring (4 x 48 KB).
+constexpr uint32_t C_BYTES = 64 * 64 * 2;
+// the stages, C's 2 x 2 slices, the stages' two barriers each, and room to align to 1024 bytes
+constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 4 * C_BYTES + 2 * STAGES * 8 + 1024;
+static_assert(SMEM <= 227 * 1024, "more shared memory than a Hopper block may have");
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
@@ -338,6 +351,39 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
                  :: "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int c0, int c1, uint32_t src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 :: "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk stores, all but the newest N, are done reading shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+// This thread's shared-memory writes are seen by the TMA engine (the async proxy).
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Named barrier `id` over one warpgroup (id 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int id) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory");
+}
+// Four 8x8 b16 matrices to shared memory: register q holds the thread's pair of matrix q (row
+// lane / 4, columns 2 (lane % 4) and + 1, the mma accumulator layout); lane l gives the address
+// of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the low 16 bits
+    T two[2] = {from_f32<T>(lo), from_f32<T>(hi)};
+    return *reinterpret_cast<uint32_t*>(two);
+}
+
 // Shared-memory matrix descriptor of a K-major, 128-byte-swizzled tile: rows of 128 bytes,
 // 8-row groups 1024 bytes apart (SBO); the leading offset is unused for this layout.
 __device__ __forceinline__ uint64_t desc(uint32_t addr) {
@@ -358,40 +404,70 @@ __device__ __forceinline__ void wgmma_wait() {
 
 #define AK_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define AK_ACC64 AK_ACC8(0), AK_ACC8(8), AK_ACC8(16), AK_ACC8(24), AK_ACC8(32), AK_ACC8(40), \
-                 AK_ACC8(48), AK_ACC8(56)
+#define AK_ACC64(i) AK_ACC8(i), AK_ACC8(i + 8), AK_ACC8(i + 16), AK_ACC8(i + 24), \
+                    AK_ACC8(i + 32), AK_ACC8(i + 40), AK_ACC8(i + 48), AK_ACC8(i + 56)
 #define AK_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define AK_REGS128 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
+    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
+    "%120, %121, %122, %123, %124, %125, %126, %127" "}"
 #define AK_WGMMA_N128(TYPE) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " AK_REGS64 \
                  ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
-                 : AK_ACC64 : "l"(da), "l"(db), "r"(1) : "memory")
+                 : AK_ACC64(64 * H) : "l"(da), "l"(db), "r"(1) : "memory")
+#define AK_WGMMA_N256(TYPE) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " AK_REGS128 \
+                 ", %128, %129, p, 1, 1, 0, 0;\n}\n" \
+                 : AK_ACC64(0), AK_ACC64(64) : "l"(da), "l"(db), "r"(1) : "memory")
 
-// D (64x128 fp32, this warpgroup's registers) += A (64x16, smem) * B (16x128, smem, K-major).
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+// D (64x128 fp32: values 64 H to 64 H + 63 of this warpgroup's registers) += A (64x16, smem) *
+// B (16x128, smem, K-major).
+template <typename T, int H>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[128], uint64_t da, uint64_t db) {
     if constexpr (std::is_same<T, __half>::value) AK_WGMMA_N128("f16");
     else AK_WGMMA_N128("bf16");
+}
+
+// D (64x256 fp32, this warpgroup's registers) += A (64x16, smem) * B (16x256, smem, K-major):
+// one instruction for the warpgroup's whole row band, so A is read from shared memory once per
+// k-step (two n128 instructions read it twice).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
+    if constexpr (std::is_same<T, __half>::value) AK_WGMMA_N256("f16");
+    else AK_WGMMA_N256("bf16");
 }
 }  // namespace hopper
 
 // Persistent: one block per SM walks tiles blockIdx.x, + gridDim.x, ...; the k-tiles of all its
 // tiles are one sequence `it` through the stage ring, so the producer fills the next tile's
-// first stages while the consumers run this tile's epilogue.
+// first stages while the consumers run this tile's epilogue. tma_c: C leaves through shared
+// memory and TMA stores (tmC); else by 4-byte stores from the registers (C's rows not 16-byte
+// aligned).
 template <typename T, bool DUAL>
 __global__ void __launch_bounds__(hopper::THREADS, 1)
 gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW1,
-           const __grid_constant__ CUtensorMap tmW2, T* __restrict__ C, int M, int N, int K,
-           long long ldc, bool pair) {
+           const __grid_constant__ CUtensorMap tmW2, const __grid_constant__ CUtensorMap tmC,
+           T* __restrict__ C, int M, int N, int K, long long ldc, bool pair, bool tma_c) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace hopper;
     constexpr int BN = DUAL ? 128 : 256;  // columns of C a tile
     extern __shared__ uint8_t smem[];
     const uint32_t base = (smem_addr(smem) + 1023) & ~1023u;  // 128B swizzle: 1024B-aligned tiles
-    const uint32_t sA = base, sB = base + STAGES * A_BYTES, bars = sB + STAGES * B_BYTES;
+    const uint32_t sA = base, sB = base + STAGES * A_BYTES, sC = sB + STAGES * B_BYTES;
+    const uint32_t bars = sC + 4 * C_BYTES;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -427,27 +503,31 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     } else {  // consumers: warpgroup 1 rows 0-63 of each tile, warpgroup 2 rows 64-127
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, warp = (threadIdx.x % 128) / 32;
-        int it = 0;
+        const bool leader = threadIdx.x % 128 == 0;  // issues and waits for the C stores
+        int it = 0, slices = 0;
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
             int pm, pn;
             tile_of(tile, tiles_m, tiles_n, pm, pn);
             const int m0 = pm * BM, n0 = pn * BN;
-            float acc[2][64];
+            // DUAL: gate in values 0-63, up in 64-127 (an n128 layout each); else one n256
+            float acc[128];
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
+            for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < KT; ++kt, ++it) {
                 const int s = it % STAGES;
                 mbar_wait(full(s), (it / STAGES) & 1);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; ++kk) {
+                    // 64 (A) or 128 / 256 (B) rows of 128 bytes; a k-step is 32 bytes into a row
                     const uint64_t da = desc(sA + s * A_BYTES + cw * 64 * 128 + kk * 32);
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        wgmma_m64n128k16<T>(acc[h], da,
-                                            desc(sB + s * B_BYTES + h * B_HALF + kk * 32));
+                    const uint32_t b = sB + s * B_BYTES + kk * 32;
+                    if constexpr (DUAL) {  // gate and up are different matrices: one n128 each
+                        wgmma_m64n128k16<T, 0>(acc, da, desc(b));
+                        wgmma_m64n128k16<T, 1>(acc, da, desc(b + B_HALF));
+                    } else {  // the two halves are 256 consecutive rows
+                        wgmma_m64n256k16<T>(acc, da, desc(b));
+                    }
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the MMAs of the k-tile before are done: release its stage
@@ -458,27 +538,52 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             // Accumulator layout (wgmma m64nN, fp32): value i of a thread sits at row
             // 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
             // column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
-            const int row = m0 + cw * 64 + warp * 16 + lane / 4;
+            auto value = [&](int i) {  // C at value i's place (i < BN / 2)
+                if constexpr (DUAL) return silu_times(acc[i], acc[64 + i]);
+                else return acc[i];
+            };
+            if (!tma_c) {
+                const int row = m0 + cw * 64 + warp * 16 + lane / 4;
 #pragma unroll
-            for (int i = 0; i < 64; i += 4) {
-                const int col = n0 + (i / 4) * 8 + 2 * (lane % 4);
-                if (DUAL) {
-                    store_pair(C, M, N, ldc, row, col, silu_times(acc[0][i], acc[1][i]),
-                               silu_times(acc[0][i + 1], acc[1][i + 1]), pair);
-                    store_pair(C, M, N, ldc, row + 8, col,
-                               silu_times(acc[0][i + 2], acc[1][i + 2]),
-                               silu_times(acc[0][i + 3], acc[1][i + 3]), pair);
-                } else {
+                for (int i = 0; i < BN / 2; i += 4) {
+                    const int col = n0 + (i / 4) * 8 + 2 * (lane % 4);
+                    store_pair(C, M, N, ldc, row, col, value(i), value(i + 1), pair);
+                    store_pair(C, M, N, ldc, row + 8, col, value(i + 2), value(i + 3), pair);
+                }
+                continue;
+            }
+            if (m0 + cw * 64 >= M) continue;  // none of this warpgroup's rows are in C
+            // Slice sl (columns 64 sl to 64 sl + 63) goes to the buffer the store before last
+            // read, laid out as the TMA box's 128-byte swizzle wants it: 16-byte chunk c of row r
+            // at chunk c ^ (r % 8) of the row, so the 8 rows of each 8x8 matrix of a stmatrix
+            // fall in 8 different bank groups. Rows and columns past C are clipped by the store.
+            const int r = warp * 16 + lane % 16;  // the row this lane's stmatrix addresses are in
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        store_pair(C, M, N, ldc, row, col + h * 128, acc[h][i], acc[h][i + 1],
-                                   pair);
-                        store_pair(C, M, N, ldc, row + 8, col + h * 128, acc[h][i + 2],
-                                   acc[h][i + 3], pair);
+            for (int sl = 0; sl < BN / 64; ++sl) {
+                if (n0 + 64 * sl >= N) break;  // the rest of the tile is past C's last column
+                const uint32_t buf = sC + (2 * cw + slices++ % 2) * C_BYTES;
+                if (leader) bulk_wait_read<1>();  // the store that read buf last is done with it
+                warpgroup_sync(1 + cw);
+                // stmatrix q of each j: rows 8 (q % 2) to 8 (q % 2) + 7 of n8 block j + q / 2
+#pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    uint32_t v[4];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const int i = 32 * sl + 4 * j + 2 * q;
+                        v[q] = pack2<T>(value(i), value(i + 1));
                     }
+                    stmatrix_x4(buf + r * 128 + (((j + lane / 16) ^ (r % 8)) << 4), v);
+                }
+                fence_async_shared();
+                warpgroup_sync(1 + cw);  // the whole slice is written
+                if (leader) {
+                    tma_store_2d(&tmC, n0 + 64 * sl, m0 + cw * 64, buf);
+                    bulk_commit();
                 }
             }
         }
+        if (leader) bulk_wait_read<0>();  // shared memory outlives the stores' reads
     }
 #endif
 }
@@ -508,15 +613,15 @@ static EncodeTiled encode_tiled() {
 }
 
 // A 2-D map over a row-major [rows, cols] matrix (row stride ld elements), 128-byte swizzled
-// boxes of 128 rows x 64 columns; out-of-range elements read as zeros.
+// boxes of box_rows x box_cols; out-of-range elements read as zeros and are not stored.
 template <typename T>
 static bool make_map(CUtensorMap* map, const void* ptr, long long rows, long long cols,
-                     long long ld) {
+                     long long ld, int box_cols, int box_rows) {
     EncodeTiled encode = encode_tiled();
     if (encode == nullptr) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)(ld * sizeof(T))};
-    const cuuint32_t box[2] = {64, 128};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
     const cuuint32_t elem[2] = {1, 1};
     const CUtensorMapDataType type = std::is_same<T, __half>::value
                                          ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
@@ -575,21 +680,25 @@ static int gemm(const T* A, const T* W1, const T* W2, T* C, int M, int N, int K,
     if constexpr (sizeof(T) == 2) {
         if (path == WGMMA) {
             using namespace hopper;
-            CUtensorMap ta, t1, t2;
-            const bool ok = make_map<T>(&ta, A, M, K, sam) && make_map<T>(&t1, W1, N, K, swn) &&
-                            make_map<T>(&t2, dual ? W2 : W1, N, K, swn);
+            CUtensorMap ta, t1, t2, tc = {};
+            const bool ok = make_map<T>(&ta, A, M, K, sam, BK, BM) &&
+                            make_map<T>(&t1, W1, N, K, swn, BK, 128) &&
+                            make_map<T>(&t2, dual ? W2 : W1, N, K, swn, BK, 128);
+            // C's stores go through TMA where its rows are 16-byte aligned: 64x64 boxes
+            const bool tma_c = aligned16(C) && (ldc * sizeof(T)) % 16 == 0 &&
+                               make_map<T>(&tc, C, M, N, ldc, 64, 64);
             if (ok) {
                 const int bn = dual ? 128 : 256;
                 const int tiles = ((M + BM - 1) / BM) * ((N + bn - 1) / bn);
                 const unsigned grid = (unsigned)(tiles < sm_count() ? tiles : sm_count());
                 if (dual) {
                     allow_smem((const void*)gemm_wgmma<T, true>, SMEM);
-                    gemm_wgmma<T, true><<<grid, THREADS, SMEM, stream>>>(ta, t1, t2, C, M, N, K,
-                                                                         ldc, pair);
+                    gemm_wgmma<T, true><<<grid, THREADS, SMEM, stream>>>(
+                        ta, t1, t2, tc, C, M, N, K, ldc, pair, tma_c);
                 } else {
                     allow_smem((const void*)gemm_wgmma<T, false>, SMEM);
-                    gemm_wgmma<T, false><<<grid, THREADS, SMEM, stream>>>(ta, t1, t2, C, M, N,
-                                                                          K, ldc, pair);
+                    gemm_wgmma<T, false><<<grid, THREADS, SMEM, stream>>>(
+                        ta, t1, t2, tc, C, M, N, K, ldc, pair, tma_c);
                 }
                 return (int)cudaGetLastError();
             }
