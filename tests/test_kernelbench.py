@@ -102,9 +102,10 @@ def test_a_file_that_is_not_a_problem_is_named(tmp_path):
 
 def test_inputs_that_a_seed_does_not_reproduce_are_refused(tmp_path):
     path = tmp_path / "unseeded.py"
+    # Each call adds the next count: never the same values twice (random bytes were, 1 in 256).
     path.write_text((PROBLEMS / "4_relu.py").read_text().replace(
-        "return [torch.randn(4, 32)]", "return [torch.randn(4, 32) + int.from_bytes(__import__("
-        "'os').urandom(1), 'little')]"))
+        "return [torch.randn(4, 32)]", "return [torch.randn(4, 32) + next(_calls)]")
+        + "\n_calls = __import__('itertools').count()\n")
     with pytest.raises(KernelFileError, match="other values under the same torch.manual_seed"):
         kernelbench.plan({"KERNEL_TYPE": "kernelbench", "KERNELBENCH_PROBLEM": str(path),
                           "KERNELBENCH_SHA256": state.digest(path.read_bytes())})
