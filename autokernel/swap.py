@@ -834,28 +834,54 @@ class _HalfTables:
 
 def _hf_rotary_patches(swap, model):
     """Patch apply_rotary_pos_emb in the transformers modules the model's classes come from
-    (LLaMA and the models that copy its half-split rotate_half), restored on exit."""
+    (LLaMA and the models that copy its half-split rotate_half), restored on exit. Tables
+    narrower than the heads (GPT-NeoX's rotary_pct: the first dims turn, the rest pass through)
+    take the kernel on those dims, once the model's own function has agreed on the first eager
+    call at that shape (a copy of LLaMA's would not broadcast there at all)."""
     owners = {sys.modules.get(type(m).__module__) for m in model.modules()}
     owners = [o for o in owners if o is not None and o.__name__.startswith("transformers.")
               and callable(getattr(o, "apply_rotary_pos_emb", None)) and hasattr(o, "rotate_half")]
     patches = []
     for owner in owners:
-        original, tables = owner.apply_rotary_pos_emb, _HalfTables()
+        original, tables, partial = owner.apply_rotary_pos_emb, _HalfTables(), {}
 
         def apply_rotary_pos_emb(q, k, cos, sin, *args, _original=original, _tables=tables,
-                                 **kwargs):
+                                 _partial=partial, **kwargs):
             unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
+            turned = cos.shape[-1]
             usable = not args and set(kwargs) <= {"unsqueeze_dim"} and unsqueeze_dim == 1 \
                 and q.dim() == 4 and k.dim() == 4 and q.dtype in FLOAT_DTYPES \
-                and k.dtype == q.dtype and q.shape[-1] == cos.shape[-1] \
+                and k.dtype == q.dtype and k.shape[-1] == q.shape[-1] >= turned \
                 and q.shape[-2] == cos.shape[-2] and k.shape[-2] == cos.shape[-2]
             halves = _tables.get(cos, sin, q.dtype) if usable else None
             if halves is None:
                 swap.fallback("rotary_embedding", "cos/sin not the shared half-duplicated tables")
                 return _original(q, k, cos, sin, *args, **kwargs)
             c, s = halves
-            return (swap.run("rotary_embedding", x=q.contiguous(), cos=c, sin=s),
-                    swap.run("rotary_embedding", x=k.contiguous(), cos=c, sin=s))
+            if turned == q.shape[-1]:
+                return (swap.run("rotary_embedding", x=q.contiguous(), cos=c, sin=s),
+                        swap.run("rotary_embedding", x=k.contiguous(), cos=c, sin=s))
+            key = (tuple(q.shape), tuple(k.shape), turned, q.dtype)
+            agreed = _partial.get(key)
+            if agreed is None and _capturing():  # no value read back can steer a trace
+                swap.fallback("rotary_embedding", "partial rotary at a shape no eager call checked")
+                return _original(q, k, cos, sin, **kwargs)
+            differs = "partial rotary: the model's function differs"
+            if agreed is False:
+                swap.fallback("rotary_embedding", differs)
+                return _original(q, k, cos, sin, **kwargs)
+            ours = tuple(torch.cat([swap.run("rotary_embedding", x=t[..., :turned].contiguous(),
+                                             cos=c, sin=s), t[..., turned:]], dim=-1)
+                         for t in (q, k))
+            if agreed is None:
+                theirs = _original(q, k, cos, sin, **kwargs)
+                _partial[key] = agreed = all(
+                    o.shape == w.shape and not autokernel.mismatches(o, w, q.dtype)[0].any()
+                    for o, w in zip(ours, theirs))
+                if not agreed:
+                    swap.fallback("rotary_embedding", differs)
+                    return theirs
+            return ours
         patches.append((owner, "apply_rotary_pos_emb", apply_rotary_pos_emb))
     return patches
 

@@ -3,6 +3,8 @@ uses must actually run on our kernel (no fallback or skipped module by contract:
 heads, bidirectional attention, projection biases) and the outputs must match the model's.
 
 The kernels are the interpreter-friendly ones in tests/kernels_for_verify/."""
+import importlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -37,6 +39,11 @@ MODELS = {
     "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(
         **DECODER, num_key_value_heads=2, head_dim=8)),
         ("matmul", "rmsnorm", "flash_attention", "rotary_embedding")),
+    # GPT-NeoX: rotary on the first half of each head's dims only (rotary_pct), the rest passed
+    # through; q/k/v in one projection; layernorm with biases; GELU MLP (outside fused_mlp).
+    "gpt_neox": (lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        **DECODER, rotary_pct=0.5)),
+        ("matmul", "layernorm", "flash_attention", "rotary_embedding")),
     # GPT-2: Conv1D projections (torch.addmm with a bias), layernorm eps 1e-5, causal attention.
     "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_embd=32, n_layer=1, n_head=2, vocab_size=96, n_positions=64)), ENCODER_TYPES),
@@ -195,3 +202,23 @@ def test_attention_takes_the_projections_views_without_a_copy(name):
     with torch.no_grad(), swap.installed(model):
         model(ids) if name == "ours" else model(ids, use_cache=False)  # a cache concatenates K, V
     assert seen == [[False, False, False]], (seen, dict(swap.fallbacks))
+
+
+def test_partial_rotary_runs_only_where_the_models_function_agrees(monkeypatch):
+    """Tables narrower than the heads: GPT-NeoX's function turns the first dims, which the kernel
+    does (the models test above). One that turns the last dims instead disagrees on the first
+    eager call, and the model keeps its own function from then on."""
+    module = importlib.import_module("transformers.models.gpt_neox.modeling_gpt_neox")
+
+    def turn_last_dims(q, k, cos, sin, unsqueeze_dim=1):
+        c, s, n = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), cos.shape[-1]
+        return tuple(torch.cat([t[..., :-n], t[..., -n:] * c + module.rotate_half(t[..., -n:]) * s],
+                               dim=-1) for t in (q, k))
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", turn_last_dims)
+    model, types = build("gpt_neox")
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    rotary = by_name(report)["rotary_embedding"]
+    assert rotary["fallbacks"] == {"partial rotary: the model's function differs": 1}, rotary
+    assert report["correctness"]["passed"], report["correctness"]
