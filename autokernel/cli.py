@@ -13,10 +13,11 @@ import sys
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are one line (`script: error: ...`, exit 2), not its usage block
     followed by the error, and which names a mistyped flag before a missing required one
-    (`export.py --ot x` is about --ot, not about the --out it lacks)."""
+    (`export.py --ot x` is about --ot, not about the --out it lacks; the same for a
+    subcommand's: `kernelbench.py score --bogus`)."""
 
     def parse_args(self, args=None, namespace=None):
-        required = [a for a in self._actions if a.required]
+        required = list(_required_actions(self))
         for action in required:
             action.required = False
         try:
@@ -30,6 +31,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
+def _required_actions(parser):
+    """The required arguments of a parser and of its subcommands' parsers."""
+    for action in parser._actions:
+        if action.required:
+            yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _required_actions(sub)
 
 
 class UsageError(Exception):

@@ -365,6 +365,9 @@ def test_usage_errors_exit_2():
     proc = subprocess.run([sys.executable, str(autokernel.ROOT / "export.py"), "--ot", "x"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unrecognized arguments: --ot x" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "kernelbench.py"), "score",
+                           "--bogus"], capture_output=True, text=True)  # and a subcommand's
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr, proc.stderr
     # A mistyped --kernel that names some other file is refused before anything is judged or
     # recorded (the repo's README.md: no row, no lock).
     proc = subprocess.run([sys.executable, str(autokernel.ROOT / "bench.py"), "--no-git",
