@@ -12,6 +12,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -104,6 +105,56 @@ def test_compile_error_is_one_line_with_the_kernel_files_line(built):
     assert f"compile_error.py line {line}: identifier \"undeclared_name\" is undefined" in message
     log = Path(message.rsplit("full log: ", 1)[1].rstrip(")"))
     assert "undeclared_name" in (log if log.is_absolute() else autokernel.ROOT / log).read_text()
+
+
+# What ptxas must give the hot kernels (sm_90a): the row kernels' aligned fp16 instances fit 32
+# registers (2048 threads an SM: their speed on the H100 came from that), and the Hopper GEMMs
+# keep their 128 accumulators a thread without spilling.
+REGISTER_BUDGETS = {  # file -> [(mangled-name fragment, most registers or None), ...]
+    "softmax": [("softmax_rowsI6__halfL4Mode0E", 32)],
+    "layernorm": [("layernorm_rowsI6__halfLb1E", 32)],
+    "rmsnorm": [("rmsnorm_rowsI6__halfLb1E", 32)],
+    "matmul": [("gemm_wgmma", None)],
+    "fused_mlp": [("gemm_wgmma", None)],
+}
+
+
+def _ptxas_report(stem, folder):
+    """{mangled kernel name: (registers, spill store bytes)} for one CUDA starter, built the way
+    cuda_build builds it plus -Xptxas -v."""
+    text = (CUDA_DIR / f"{stem}.py").read_text()
+    source = folder / f"{stem}.cu"
+    source.write_text(re.search(r'CUDA_SRC = r"""(.*?)"""', text, re.S).group(1))
+    nvcc = cuda_build.find_cuda_home() / "bin" / "nvcc"
+    proc = subprocess.run([str(nvcc), *cuda_build.FLAGS, "-gencode=arch=compute_90a,code=sm_90a",
+                           "-DAUTOKERNEL_SM=90", "-Xptxas", "-v", "-c", str(source), "-o",
+                           str(folder / f"{stem}.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found, name = {}, None
+    for line in proc.stderr.splitlines():
+        match = re.search(r"(?:Compiling entry function|Function properties for) '?(\w+)", line)
+        if match:
+            name = match.group(1)
+        elif name and (match := re.search(r"(\d+) bytes spill stores", line)):
+            found[name] = (found.get(name, (None, 0))[0], int(match.group(1)))
+        elif name and (match := re.search(r"Used (\d+) registers", line)):
+            found[name] = (int(match.group(1)), found.get(name, (None, 0))[1])
+    return found
+
+
+@needs_nvcc
+def test_hot_kernels_keep_their_register_budget(tmp_path):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        reports = dict(zip(REGISTER_BUDGETS, pool.map(lambda stem: _ptxas_report(stem, tmp_path),
+                                                      REGISTER_BUDGETS)))
+    for stem, budgets in REGISTER_BUDGETS.items():
+        for fragment, most in budgets:
+            kernels = {k: v for k, v in reports[stem].items() if fragment in k}
+            assert kernels, f"{stem}: no kernel named like {fragment} ({sorted(reports[stem])})"
+            for kernel, (registers, spilled) in kernels.items():
+                assert spilled == 0, f"{stem}: {kernel} spills {spilled} bytes"
+                assert most is None or registers <= most, \
+                    f"{stem}: {kernel} uses {registers} registers (budget {most})"
 
 
 @needs_nvcc
