@@ -1,10 +1,11 @@
 """
 The CUDA C++ backend on a machine without a GPU: every CUDA starter (kernels/cuda/<type>.py)
-compiles for the H100 (sm_90a) through the real build path in under a minute; a compile error is
-one line naming the kernel file's line; the dispatch guard still rejects torch compute ops and
-aliased outputs from a CUDA kernel file; bench.py refuses a CUDA kernel in one line and changes
-nothing; extract.py writes CUDA starters with the model's real shapes. Running the kernels needs
-a GPU (.device scripts); the compile tests skip without nvcc.
+compiles for the H100 (sm_90a) through the real build path in under a minute, its hot kernels
+within their register budgets (ptxas); a compile error is one line naming the kernel file's
+line; the dispatch guard still rejects torch compute ops and aliased outputs from a CUDA kernel
+file; bench.py refuses a CUDA kernel in one line and changes nothing; extract.py writes CUDA
+starters with the model's real shapes. Running the kernels needs a GPU (.device scripts); the
+compile tests skip without nvcc.
 
     uv run pytest tests/test_cuda_backend.py
 """
