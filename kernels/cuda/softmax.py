@@ -260,6 +260,7 @@ softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, 
             for (int i = 0; i < E; ++i) s += exp2f(fmaf(v[c].get(i), LOG2E, -m2));
     }
     s = group_reduce<false>(s, partial);
+#if __CUDA_ARCH__ >= 900  // clusters are Hopper's; older GPUs are only launched with cluster 1
     if (cluster > 1) {
         cg::cluster_group blocks = cg::this_cluster();
         if (threadIdx.x == 0) block_stats = make_float2(m, s);
@@ -274,6 +275,7 @@ softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, 
         s = all.y;
         m2 = m * LOG2E;
     }
+#endif
     const float inv = 1.f / s;
     if (live) {
         T* yr = y + row * sy;
@@ -284,7 +286,9 @@ softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, 
             store_chunk<T, MODE>(yr, first + c * blockDim.x * E, n, v[c]);
         }
     }
+#if __CUDA_ARCH__ >= 900
     if (cluster > 1) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 
 // Rows too long for a cluster's registers: a running max and a sum of exp rescaled to it per
