@@ -295,7 +295,7 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
         for _ in range(warmup):
             run_forward(model, inputs)
         _sync(device)
-        step(f"1/3 {warmup} warm-up forwards done")
+        step(f"1/3 {warmup} warm-up forward{'' if warmup == 1 else 's'} done")
         if on_gpu:
             torch.cuda.reset_peak_memory_stats(device)
             resident = torch.cuda.memory_allocated(device)

@@ -125,9 +125,7 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False):
     """A kernel file, imported and checked against the contract; its dispatch shapes are the
     plan's, else its BENCH_SHAPES, else none (it takes every shape of its type)."""
     path = kernel_path(path)
-    if not autokernel.CUDA and read_file_attrs(path)[0].get("BACKEND") == "cuda":
-        raise UsageError(f"{rel(path)} is a CUDA C++ kernel (BACKEND = \"cuda\"): it needs an "
-                         f"NVIDIA GPU and this machine has none")
+    refuse_cuda_without_gpu([path])
     try:
         module = load_module(path)
     except Exception as e:  # a kept kernel that no longer imports is a usage problem to fix first
@@ -164,6 +162,7 @@ def select_kernels(args):
     if not specs:
         raise UsageError("no kernels to verify")
     specs = [(kernel_path(spec[0]),) + spec[1:] for spec in specs]
+    refuse_cuda_without_gpu([spec[0] for spec in specs])
     checked = {}
     if not args.no_regate:
         checked = regate.check_all([(s[0], s[1] or tag_of(read_file_attrs(s[0])[0]))
@@ -176,6 +175,17 @@ def select_kernels(args):
         if seen[k.name] > 1:
             k.name = f"{k.name}#{seen[k.name]}"
     return kernels, checked
+
+
+def refuse_cuda_without_gpu(paths):
+    """CUDA C++ kernel files need an NVIDIA GPU: one line before anything is re-gated or run."""
+    cuda = [] if autokernel.CUDA else \
+        [p for p in paths if read_file_attrs(p)[0].get("BACKEND") == "cuda"]
+    if cuda:
+        more = f" (and {len(cuda) - 1} more)" if len(cuda) > 1 else ""
+        raise UsageError(f"{rel(cuda[0])}{more} is a CUDA C++ kernel (BACKEND = \"cuda\"): it "
+                         f"needs an NVIDIA GPU and this machine has none; nothing was re-gated "
+                         f"or run (verify on a GPU machine)")
 
 
 def kernel_path(path):
@@ -694,7 +704,8 @@ def _verify(argv):
 def build_parser():
     parser = ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]).strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(parser)
+    add_model_args(parser, "model (none of these given: the model profile.json recorded, with "
+                           "its flags; the defaults below apply without one)")
     src = parser.add_argument_group("kernels (default: workspace/plan.json)")
     src.add_argument("--plan", default=str(autokernel.PLAN_JSON), help="extract.py's plan")
     src.add_argument("--kernels", help="explicit kernel files, comma-separated")

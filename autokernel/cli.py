@@ -17,6 +17,9 @@ class ArgumentParser(argparse.ArgumentParser):
     subcommand's: `kernelbench.py score --bogus`)."""
 
     def parse_args(self, args=None, namespace=None):
+        listed = sys.argv[1:] if args is None else list(args)
+        if "-h" in listed or "--help" in listed:  # the usage shows required flags as required
+            return super().parse_args(args, namespace)
         required = list(_required_actions(self))
         for action in required:
             action.required = False

@@ -76,8 +76,10 @@ FLAGS = (
 MODEL_FLAGS = tuple(flag[2:].replace("-", "_") for flag, _ in FLAGS)
 
 
-def add_model_args(parser: argparse.ArgumentParser):
-    group = parser.add_argument_group("model")
+def add_model_args(parser: argparse.ArgumentParser, title="model"):
+    """The model flags, in a group named `title` (a tool whose defaults come from elsewhere says
+    so there)."""
+    group = parser.add_argument_group(title)
     for flag, kwargs in FLAGS:
         group.add_argument(flag, default=None, **kwargs)
     return parser

@@ -252,6 +252,17 @@ def test_bench_refuses_a_cuda_kernel_in_one_line_and_changes_nothing(tmp_path):
     assert not (repo / "workspace" / "bench.lock").exists()  # refused before taking the lock
 
 
+def test_verify_refuses_cuda_kernels_before_regating_them():
+    """After extract.py --backend cuda on a CPU: one line at once, not a re-gate of each kernel
+    that the gate then refuses."""
+    proc = subprocess.run([sys.executable, str(autokernel.ROOT / "verify.py"), "--kernels",
+                           f"{CUDA_DIR / 'reduce.py'},{CUDA_DIR / 'softmax.py'}", "--no-timing"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "reduce.py (and 1 more) is a CUDA C++ kernel" in proc.stderr
+    assert "nothing was re-gated or run" in proc.stderr
+
+
 def test_bench_refusal_covers_kernel_files_too():
     import bench
     if autokernel.CUDA:

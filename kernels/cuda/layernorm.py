@@ -9,9 +9,10 @@ Two kernels, picked by row length:
     thread loads two 16-byte chunks (8 halves or 4 floats each) up front, interleaved across
     the group so that a warp's load reads 512 contiguous bytes (skipping L1, evict-first in
     L2: x is read once). The chunks stay in registers as x's own 16-bit values, and the kernel
-    fits in 32 registers: an SM keeps 2048 threads, 64 KB of x, in flight. (Four chunks a
-    thread, held as floats, take 64 registers and half the threads: 68 us against 53 at
-    8192x4096 fp16 on an H100, where torch takes 66.)
+    fits in 32 registers (fp16 without spilling; bf16 and fp32 spill 20-28 bytes): an SM
+    keeps 2048 threads, 64 KB of x, in flight. (Four chunks a thread, held as floats, take 64
+    registers and half the threads: 68 us against 53 at 8192x4096 fp16 on an H100, where torch
+    takes 66.)
     The mean is reduced first; the variance is then the mean of (x - mean)^2 over the values
     still in registers (two passes over registers, one over memory). E[x^2] - E[x]^2 would
     cancel catastrophically on rows with a large mean and a tiny spread, which the gate's

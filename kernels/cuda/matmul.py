@@ -321,9 +321,9 @@ constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 384;
 constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
 // C leaves through shared memory in 64x64 slices (one TMA box: 64 rows of 128 bytes), two
 // buffers per consumer warpgroup used in turn: one is written while the other's TMA store reads
-// it. A whole 64x256 tile per warpgroup (64 KB) would cost a stage of the ring (4 x 48 KB): the
-// mainloop keeps its depth, and the stores overlap the next slice's conversion and the next
-// tile's first MMAs instead.
+// it. A whole 64x256 tile per warpgroup (64 KB for the two) would cost a stage of the ring
+// (4 x 48 KB): the mainloop keeps its depth, and the stores overlap the next slice's conversion
+// and the next tile's first MMAs instead.
 constexpr uint32_t C_BYTES = 64 * 64 * 2;
 // the stages, C's 2 x 2 slices, the stages' two barriers each, and room to align to 1024 bytes
 constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 4 * C_BYTES + 2 * STAGES * 8 + 1024;

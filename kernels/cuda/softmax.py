@@ -27,7 +27,8 @@ floats):
     the partial chunks at the row's two ends go element by element.
 Longer rows (and GPUs without clusters, before Hopper) take a two-pass kernel: one block of
 1024 threads per row keeps a running max and a sum of exp rescaled to it (online softmax),
-then re-reads the row (mostly from L2) to write it. exp is exp2f of x * log2(e) - max * log2(e).
+then re-reads the row (mostly from L2) to write it. exp is exp2f: of x * log2(e) - max * log2(e)
+(one FMA) in the rows kernel, of (x - max) * log2(e) in the two-pass one.
 
 Tried and slower on the H100 at 8192x8192: a persistent grid that loads a row group's next row
 while it reduces this one (100 -> 103-114 us: the second row's registers cost occupancy or
@@ -223,9 +224,9 @@ __device__ __forceinline__ float2 merge(float2 a, float2 b) {
 }
 
 // One row per group of blockDim.x threads, or per cluster of `cluster` blocks (blockDim.y is
-// then 1): each thread holds VPT chunks of its block's slice of the row. A tight register
-// budget (32 a thread: 2048 threads an SM) for the aligned rows; the element-by-element paths
-// get 64.
+// then 1): each thread holds VPT chunks of its block's slice of the row. 32 registers a thread
+// (2048 threads an SM) in every mode: the partial chunks' element-by-element code is not
+// inlined, so it costs the aligned chunks nothing.
 template <typename T, Mode MODE>
 __global__ void __launch_bounds__(1024, 2)
 softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, long long sx,
@@ -333,9 +334,10 @@ int launch(const T* x, T* y, long long rows, int n, long long sx, long long sy, 
            int tpr, int rpb, cudaStream_t stream) {
     int cluster = 1;
 #if AUTOKERNEL_SM >= 90
-    // Blocks of at most 512 threads where the row needs a cluster anyway: more of them share
-    // an SM, so one block's loads overlap another's cluster barriers (4096x50257 fp16: 8
-    // blocks of 416 threads, not 4 of 800, which left one block an SM).
+    // Where the row needs a cluster anyway, as many blocks as keep them at 512 threads or
+    // fewer (8 at most, then up to 1024 threads each): more of them share an SM, so one block's
+    // loads overlap another's cluster barriers (4096x50257 fp16: 8 blocks of 416 threads ran
+    // 510 us, 4 of 800 532).
     if ((long long)VPT * 1024 < chunks)
         for (cluster = 2; cluster < MAX_CLUSTER && (long long)VPT * 512 * cluster < chunks;)
             cluster *= 2;
