@@ -166,7 +166,11 @@ def _matches(module, oracle, x):
     """The module's output on x equals the oracle's within the dtype's tolerance."""
     with torch.no_grad():
         got, want = module(x), oracle(x)
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        return False
-    tol = TOLERANCES[x.dtype]
-    return bool(torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.abs().max()))
+    return isinstance(got, torch.Tensor) and agrees(got, want, x.dtype)
+
+
+def agrees(got, want, dtype):
+    """got equals want within `dtype`'s tolerance (atol in units of want's largest value)."""
+    tol = TOLERANCES[dtype]
+    return got.shape == want.shape and \
+        bool(torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.abs().max()))

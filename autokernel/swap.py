@@ -875,9 +875,8 @@ def _hf_rotary_patches(swap, model):
                          for t in (q, k))
             if agreed is None:
                 theirs = _original(q, k, cos, sin, **kwargs)
-                _partial[key] = agreed = all(
-                    o.shape == w.shape and not autokernel.mismatches(o, w, q.dtype)[0].any()
-                    for o, w in zip(ours, theirs))
+                _partial[key] = agreed = all(computed.agrees(o, w, q.dtype)
+                                             for o, w in zip(ours, theirs))
                 if not agreed:
                     swap.fallback("rotary_embedding", differs)
                     return theirs
