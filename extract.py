@@ -281,6 +281,9 @@ def main(argv=None):
     print(f"wrote {plan_path} ({len(plan)} kernels)")
     if args.backend == "cuda" and not autokernel.CUDA:
         print("note: CUDA C++ kernels need an NVIDIA GPU to be judged (bench.py refuses here)")
+    if args.backend == "cuda" and profile.get("device") == "cpu":
+        print(f"note: this plan comes from a CPU profile ({profile['dtype']}, CPU shapes); for "
+              f"a night on a GPU, run profile.py and extract.py there")
     return 1 if failed else 0
 
 

@@ -295,3 +295,9 @@ def test_extract_writes_cuda_starters_with_real_shapes(tmp_path, capsys):
                             "--force"])
     err = capsys.readouterr().err
     assert code == 1 and "is a triton kernel, not cuda" in err and err.count("\n") == 1
+    # A CUDA plan made from a CPU profile (fp32, the CPU's small shapes) says so.
+    (tmp_path / "profile.json").write_text(json.dumps(dict(profile, device="cpu", dtype="fp32")))
+    assert run_main("extract.py", extract.main, ["--profile", str(tmp_path / "profile.json"),
+                                                 "--workspace", str(tmp_path / "ws_cpu"),
+                                                 "--backend", "cuda"]) == 0
+    assert "this plan comes from a CPU profile (fp32, CPU shapes)" in capsys.readouterr().out
