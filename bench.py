@@ -159,7 +159,7 @@ def refuse_cuda_without_gpu(args):
     kernel = Path(args.kernel).resolve() if args.kernel else ak.KERNEL_PY
     if ak.CUDA or not kernel.is_file():
         return
-    if contract.read_file_attrs(kernel)[0].get("BACKEND") == "cuda":
+    if contract.is_cuda_kernel(kernel):
         raise UsageError(f"{kernel.name} is a CUDA C++ kernel (BACKEND = \"cuda\"): running it "
                          f"needs an NVIDIA GPU and this machine has none; nothing was judged or "
                          f"recorded (judge it on a GPU machine)")

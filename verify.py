@@ -108,7 +108,8 @@ import torch
 
 from autokernel import regate
 from autokernel.cli import ArgumentParser, UsageError, describe, one_line, run_main
-from autokernel.contract import KernelFileError, check_module, load_module, read_file_attrs, tag_of
+from autokernel.contract import (KernelFileError, check_module, is_cuda_kernel, load_module,
+                                 read_file_attrs, tag_of)
 from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
                                  forward, model_dtype, sync, time_forward)
 from autokernel.results import read_rows, rel
@@ -125,7 +126,6 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False):
     """A kernel file, imported and checked against the contract; its dispatch shapes are the
     plan's, else its BENCH_SHAPES, else none (it takes every shape of its type)."""
     path = kernel_path(path)
-    refuse_cuda_without_gpu([path])
     try:
         module = load_module(path)
     except Exception as e:  # a kept kernel that no longer imports is a usage problem to fix first
@@ -179,8 +179,7 @@ def select_kernels(args):
 
 def refuse_cuda_without_gpu(paths):
     """CUDA C++ kernel files need an NVIDIA GPU: one line before anything is re-gated or run."""
-    cuda = [] if autokernel.CUDA else \
-        [p for p in paths if read_file_attrs(p)[0].get("BACKEND") == "cuda"]
+    cuda = [] if autokernel.CUDA else [p for p in paths if is_cuda_kernel(p)]
     if cuda:
         more = f" (and {len(cuda) - 1} more)" if len(cuda) > 1 else ""
         raise UsageError(f"{rel(cuda[0])}{more} is a CUDA C++ kernel (BACKEND = \"cuda\"): it "

@@ -61,6 +61,12 @@ def read_file_attrs(path):
     return read_attrs(Path(path).read_text(errors="replace"), path)
 
 
+def is_cuda_kernel(path):
+    """Whether a kernel file declares BACKEND = "cuda", read from its text (importing it would
+    compile it)."""
+    return read_file_attrs(path)[0].get("BACKEND") == "cuda"
+
+
 def tag_of(attrs) -> str:
     """The name a kernel goes by in results.tsv and plan.json: KERNEL_NAME, else KERNEL_TYPE."""
     return str(attrs.get("KERNEL_NAME") or attrs.get("KERNEL_TYPE") or "")

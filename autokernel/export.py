@@ -37,7 +37,8 @@ import torch
 
 from autokernel import KERNELS_DIR, ROOT, git, regate
 from autokernel.cli import UsageError
-from autokernel.contract import KernelFileError, plan as contract_plan, read_file_attrs, tag_of
+from autokernel.contract import (KernelFileError, is_cuda_kernel, plan as contract_plan,
+                                 read_file_attrs, tag_of)
 from autokernel.kernel_types import DTYPE_NAMES, KERNEL_TYPES, TOLERANCES
 from autokernel.results import rel
 from autokernel.state import digest
@@ -80,7 +81,7 @@ def kept_kernels(plan, rows, log=print):
         ok, why = regate.kept_version(path, name, rows)
         if ok is False:
             raise UsageError(f"{why}: restore its kept version before exporting", code=1)
-        if ok and read_file_attrs(path)[0].get("BACKEND") == "cuda":
+        if ok and is_cuda_kernel(path):
             # it builds through autokernel/cuda_build.py, which the package does not carry
             ok, why = None, f"{why}; a CUDA C++ kernel, which the package cannot build yet"
         log(f"  {name}: {why}" + ("" if ok else ": left out"))
