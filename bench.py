@@ -53,6 +53,7 @@ DEFAULT_TIMEOUT_S = 180
 STARTUP_LIMIT_S = 60 if ak.CUDA else 180  # a child importing torch and the kernel file
 COMPILE_LIMIT_S = 240  # the same for a CUDA C++ kernel file, whose import runs nvcc (uncached)
 REQUEST_LIMIT_S = 30 if ak.CUDA else 90   # one call (compiling and autotuning included)
+REPLY_BYTES = 8 << 20  # a timing window describes up to timing.MAX_SETS outputs
 CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
 
 
@@ -304,8 +305,11 @@ class ChildRunner:
         self.at("timing")
         return self.request(("time", inputs, buffer))
 
-    def loop(self, inputs, n, flush, buffer):
-        return self.request(("loop", inputs, n, flush, buffer))
+    def arm(self, sets, slots):
+        return self.request(("arm", sets, slots))
+
+    def window(self):
+        return self.request(("window",))
 
     def ping(self):
         return self.request(("ping",))
@@ -331,7 +335,7 @@ class ChildRunner:
         wait = min(limit_s, left)
         try:
             ready = self.conn.poll(wait)
-            data = self.conn.recv_bytes(maxlength=1 << 20) if ready else None
+            data = self.conn.recv_bytes(maxlength=REPLY_BYTES) if ready else None
         except (EOFError, OSError):
             raise self.gone()
         if data is None:
@@ -391,13 +395,12 @@ def crash_line(log_path):
 # ---- timing ---------------------------------------------------------------------------------
 
 def measure(candidate, kept, plan):
-    """Paired rounds against the kept version, the output of a timed call judged, the reported
-    latency taken on this process's clock (the child's own report cross-checked against it)."""
+    """Paired rounds against the kept version on the judge's clock (autokernel/timing.py), every
+    timed output judged; the child's own report cross-checked against that clock."""
     print(f"timing: {timing.ROUNDS} paired rounds" + (" against the kept version" if kept
                                                        else ""), flush=True)
     try:
-        inputs, make_buffer, check = timing_case(candidate, kept, plan)
-        rounds = timing.paired_rounds(candidate, kept, inputs, make_buffer, check)
+        rounds = timing.paired_rounds(candidate, kept, timing_case(candidate, kept, plan))
         claimed = statistics.median(rounds["claimed"])
         judged = statistics.median(rounds["candidate"])
         contradiction = timing.crosscheck(claimed, judged)
@@ -405,6 +408,10 @@ def measure(candidate, kept, plan):
             raise timing.TimingError(contradiction)
     except timing.TimingError as e:
         return {"correctness": "FAIL", "reason": str(e)}
+    print(f"timing_windows: {rounds['sets']} calls a window, "
+          + ("replayed as a CUDA graph" if rounds["graph"] else "plain launches"), flush=True)
+    if rounds["kept_dropped"]:
+        print(f"note: the kept version left the pairing: {rounds['kept_dropped']}", flush=True)
     keep, gain, noise, why = results.keep_rule(rounds["candidate"], rounds["kept"])
     # The row records the judge's clock: the number the keep rule used, and one the kernel's
     # process cannot touch. The child's do_bench median is shown beside it.
@@ -416,27 +423,25 @@ def measure(candidate, kept, plan):
 
 
 def timing_case(candidate, kept, plan):
-    """The timed inputs, a maker of output buffers, and check(out) for every output the timing
-    hands back (do_bench's and the judge's loop's): a TimingError when it differs from the
-    oracle or the inputs changed."""
+    """What the timing runs on (a timing.Case): fresh inputs of the plan's primary shape and
+    dtype from any seed, the oracle, and the tolerance test."""
     if plan["kernel_type"] == "kernelbench":
         from autokernel import kernelbench
         return kernelbench.timing_case(plan, [r for r in (candidate, kept) if r is not None])
     ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
     shape, dtype = tuple(plan["shape"]), ak.DTYPES[plan["dtype"]]
-    inputs = ktype.inputs(shape, dtype, ak.DEVICE, gate.fresh_generator(), plan.get("variant"))
-    pristine = gate.clone(inputs)
-    ref = ktype.reference(**pristine)
-    make_buffer = lambda: torch.full(ref.shape, float("nan"),  # noqa: E731
-                                     dtype=ak.out_dtype(ktype, inputs), device=ak.DEVICE)
 
-    def check(out):
-        if bool(ktype.mismatches(out, ref, pristine)[0].any()) or any(
-                not torch.equal(gate.bits(t), gate.bits(pristine[k]))
-                for k, t in gate.tensors(inputs).items()):
-            raise timing.TimingError("timing: a timed call's output differs from the oracle "
-                                     "(or it changed its inputs): behaves differently when timed")
-    return inputs, make_buffer, check
+    def make(seed):
+        gen = torch.Generator(device=ak.DEVICE)
+        gen.manual_seed(seed)
+        return ktype.inputs(shape, dtype, ak.DEVICE, gen, plan.get("variant"))
+
+    first = make(0)
+    ref = ktype.reference(**first)
+    return timing.Case(make=make, reference=lambda inputs: ktype.reference(**inputs),
+                       wrong=lambda out, want, inputs: bool(
+                           ktype.mismatches(out, want, inputs)[0].any()),
+                       out_shape=tuple(ref.shape), out_dtype=ak.out_dtype(ktype, first))
 
 
 def add_baselines(outcome):

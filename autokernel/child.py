@@ -2,18 +2,25 @@
 The untrusted side of the gate: a process that imports one kernel file and runs its kernel_fn on
 the inputs the judge sends, nothing more. It decides nothing.
 
-bench.py's judge starts it (multiprocessing, spawn) and drives it over a pipe. Tensors only ever
-travel from the judge to this process (CUDA IPC on a GPU, shared memory on a CPU): the judge sends
-the inputs and an output buffer, this process copies kernel_fn's result into that buffer and
-answers in JSON, never in pickle (unpickling a message from here would run code in the judge):
+bench.py's judge starts it (multiprocessing, spawn) and drives it over a pipe. The judge sends
+the inputs and output buffers (CUDA IPC on a GPU, shared memory on a CPU); this process copies
+kernel_fn's result into a buffer, or describes where a CUDA graph's outputs are for the judge to
+open, and answers in JSON, never in pickle (unpickling a message from here would run code in the
+judge):
     ("call", inputs, poison, buffer)  -> {"status": "ok", "shape", "dtype", "aliases", "copied"}
                                          | {"status": "forbidden", "op"}
                                          | {"status": "raised", "kind", "error"}
     ("time", inputs, buffer)          -> {"status": "timed", "median_us", ...}: the median of
                                          one call; the buffer gets a timed call's output
-    ("loop", inputs, n, flush, buffer) -> {"status": "looped", ...}: n calls, each after an L2
-                                         flush when asked, then a device sync; the judge times
-                                         this with its own clock; the buffer gets the last output
+    ("arm", sets, slots)              -> {"status": "armed", "graph", "outputs", "note"}:
+                                         holds the judge's input sets and output slots for the
+                                         windows, warms up on them and captures one call on each
+                                         in a CUDA graph when it can (its outputs described for
+                                         the judge's CUDA IPC)
+    ("window",)                       -> {"status": "windowed"}: one call on each held set (the
+                                         graph replayed, else each output copied into its slot),
+                                         a device sync; the judge times this request with its
+                                         own clock and then reads every output
     ("build", init_args, seed, dtype)  -> {"status": "built"} | {"status": "raised", ...}: a
                                          KernelBench kernel file's ModelNew(*init_args), built
                                          under the judge's seed (autokernel/kernelbench.py);
@@ -26,6 +33,7 @@ from kernel_fn (rejected by a dispatch guard), outputs allocated inside kernel_f
 unwritten elements show) and outputs that alias an input. Everything a verdict rests on (values,
 shapes, inputs left unmodified, determinism, latency) is judged by the judge.
 """
+import base64
 import ctypes
 import faulthandler
 import json
@@ -50,7 +58,6 @@ ALLOWED_OPS = ALLOCATIONS | {
     "size", "stride", "dim", "numel", "storage_offset", "is_contiguous", "is_same_size",
     "is_non_overlapping_and_dense", "_local_scalar_dense", "record_stream",
 }
-FLUSH_BYTES = 512 << 20  # larger than any L2, and slow enough (~0.2 ms) to hide launch overhead
 
 
 def serve(conn, kernel_path, log_path):
@@ -96,7 +103,7 @@ class Runner:
         self.torch, self.fn, self.cuda = torch, fn, autokernel.CUDA
         self.model_class = model_class  # a KernelBench file's ModelNew (fn comes from build)
         self.Guard = make_guard()
-        self.flush_buffer = None
+        self.sets = self.slots = self.graph = self.outs = None  # the timing's windows
         self.previous = None  # the last call's output: one reused for new inputs is a cache
 
     def build(self, init_args, seed, dtype):
@@ -167,21 +174,48 @@ class Runner:
         return dict(self.deliver(out, inputs, buffer), status="timed", median_us=median_us,
                     peak_vram_mb=peak)
 
-    def loop(self, inputs, n, flush, buffer):
-        """n calls back to back, each after an L2 flush when asked, then a device sync; the last
-        call's output goes to the judge's buffer (it is checked like any other)."""
-        if flush and self.flush_buffer is None:
-            self.flush_buffer = self.torch.empty(FLUSH_BYTES // 4, dtype=self.torch.int32,
-                                                 device="cuda")
+    def arm(self, sets, slots):
+        """Hold the windows' input sets (the judge rewrites their values before each window),
+        warm up on them and, without slots, capture one call on each in a CUDA graph: a graph
+        replays without launch overhead, as a model under CUDA graphs does, and its outputs stay
+        where they are, so they are described for the judge once, here. With slots (a CPU, or
+        the judge's second try when capturing failed) each window copies its outputs there."""
+        torch = self.torch
+        self.sets, self.slots, self.graph, self.outs = sets, slots, None, None
         try:
-            for _ in range(n):
-                if flush:
-                    self.flush_buffer.zero_()
-                out = self.fn(**inputs)
+            for inputs in sets[:2]:
+                self.fn(**inputs)
             self.sync()
         except Exception as e:
             return self.raised(e)
-        return dict(self.deliver(out, inputs, buffer), status="looped")
+        note, described = "", None
+        if self.cuda and slots is None:
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    outs = [self.fn(**inputs) for inputs in sets]
+                described = [shared(out) for out in outs]
+                self.graph, self.outs = graph, outs
+            except Exception as e:  # not capturable (a host sync, say): plain launches then
+                traceback.print_exc()
+                note = f"not captured in a CUDA graph ({type(e).__name__}: {_line(e)})"
+                self.sync()
+        return {"status": "armed", "graph": self.graph is not None, "outputs": described,
+                "note": note}
+
+    def window(self):
+        """One call on each held set, then a device sync: the graph's replay (its outputs are
+        where arm described them), else plain calls, each output copied into its slot."""
+        try:
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                for inputs, slot in zip(self.sets, self.slots):
+                    slot.copy_(self.fn(**inputs))
+            self.sync()
+        except Exception as e:
+            return self.raised(e)
+        return {"status": "windowed"}
 
     def deliver(self, out, inputs, buffer):
         """Describe the output and copy it into the judge's buffer when it fits."""
@@ -207,6 +241,18 @@ class Runner:
     def sync(self):
         if self.cuda:
             self.torch.cuda.synchronize()  # surfaces asynchronous device errors here
+
+
+def shared(t):
+    """A CUDA tensor described for the judge's CUDA IPC (what torch.multiprocessing sends, as
+    plain JSON: the judge never unpickles anything from this process)."""
+    (device, handle, size, storage_offset, counter, counter_offset, _, _) = \
+        t.untyped_storage()._share_cuda_()
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+            "stride": list(t.stride()), "offset": t.storage_offset(), "device": device,
+            "handle": b64(handle), "size": size, "storage_offset": storage_offset,
+            "ref_counter": b64(counter), "ref_counter_offset": counter_offset}
 
 
 def overlaps(a, b):

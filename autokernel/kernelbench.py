@@ -539,39 +539,28 @@ class ProblemJudge(gate.Judge):
 # ---- timing (bench.py's measure) ------------------------------------------------------------
 
 def timing_case(plan, runners):
-    """What bench.py times a ModelNew on: every runner's ModelNew built under one seed, inputs in
-    the judged dtype, a maker of output buffers, and check(out) for every timed output (a
-    timing.TimingError when it is wrong or the inputs changed)."""
-    from autokernel.timing import TimingError
+    """What bench.py times a ModelNew on (a timing.Case): every runner's ModelNew built under one
+    seed, fresh inputs in the judged dtype from any seed, the problem's Model as the oracle."""
+    from autokernel.timing import Case, TimingError
     problem, dtype, name = problem_of(plan), ak.DTYPES[plan["dtype"]], plan["dtype"]
-    entry, seed, inputs_seed = plan["oracles"][name], fresh_seed(), fresh_seed()
-    make = lambda: problem.inputs(inputs_seed, dtype)  # noqa: E731
+    entry, seed = plan["oracles"][name], fresh_seed()
     try:
         model, init_args = problem.build(seed, dtype)
         for runner in runners:
             reply = runner.build(init_args, seed, str(dtype).replace("torch.", ""))
             if reply.get("status") != "built":
                 raise TimingError(f"timing: {BUILD_FAILED} {reply.get('error')}")
-        inputs = make()
-        oracle = copy.deepcopy(model).double() if entry["oracle"] == "float64" else model
-        ref = run(oracle, as_float64(inputs) if entry["oracle"] == "float64" else inputs)
-        del model, oracle
+        float64 = entry["oracle"] == "float64"
+        oracle = copy.deepcopy(model).double() if float64 else model
+        del model
+        out_shape = tuple(run(oracle, as_float64(problem.inputs(0, dtype)) if float64 else
+                              problem.inputs(0, dtype)).shape)
     except ProblemError as e:
         raise TimingError(f"timing: {e}") from None
-    out_dtype = getattr(torch, entry["out_dtype"])
-
-    def make_buffer():
-        return torch.full(ref.shape, float("nan") if out_dtype.is_floating_point else 0,
-                          dtype=out_dtype, device=ak.DEVICE)
-
-    def check(out):
-        again = make()
-        if summary(out, ref, dtype)["bad"] or any(
-                not torch.equal(gate.bits(t), gate.bits(again[k]))
-                for k, t in gate.tensors(inputs).items()):
-            raise TimingError("timing: a timed call's output differs from the oracle (or it "
-                              "changed its inputs): behaves differently when timed")
-    return inputs, make_buffer, check
+    return Case(make=lambda s: problem.inputs(s % 2 ** 32, dtype),
+                reference=lambda inputs: run(oracle, as_float64(inputs) if float64 else inputs),
+                wrong=lambda out, want, inputs: bool(summary(out, want, dtype)["bad"]),
+                out_shape=out_shape, out_dtype=getattr(torch, entry["out_dtype"]))
 
 
 # ---- baselines: the problem's Model, eager and compiled -------------------------------------

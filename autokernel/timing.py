@@ -1,35 +1,60 @@
 """
 How fast a kernel is, measured so that neither noise nor the kernel's own process decides it.
 
-The judge's clock: a runner reports a median (triton.testing.do_bench on a GPU) from inside its
-own process, where a kernel can slow every clock. So the judge times, with its own clock, n calls
-of the same kernel run back to back, each after an L2 flush, and subtracts what n flushes alone
-take (timed in the judge's process) and the pipe's round trip. A flush (~0.2 ms) is longer than a
-launch, so the GPU stays busy and launch overhead is hidden: on the H100 this agreed with do_bench
-within 1-5% from 5 us to 200 us kernels. A reported median that the judge's clock contradicts
-beyond CROSSCHECK_RATIO and CROSSCHECK_SLACK_US is refused with a named reason.
+The judge's clock times windows. In a window the kernel's process runs one call on each of n input
+sets the judge made, back to back, and answers once all n are done; the judge's wall clock over
+that request, divided by n, is one latency. What the kernel's process controls cannot make it
+look faster:
+- before every window the judge rewrites every set with fresh random values and flushes the L2
+  cache: no answer can be cached or prepared, and each set is read cold from memory, as a layer
+  of a model reads its activations;
+- the clock stops once the judge has read a few elements of a few outputs picked at random; then
+  it copies every output out of the kernel's process (CUDA IPC from the graph's outputs; else the
+  process fills the judge's slots) and checks each against the oracle of its set, and the early
+  reads against the copies: no call can be skipped, answered from a cache or left running after
+  the answer without failing (or, for a few calls, a good chance of failing);
+- nothing the kernel's process could leave out is subtracted from the wall clock (the old clock
+  subtracted flushes the process was trusted to run). What stays on it, the pipe's round trip
+  and the process waking (~0.1 ms a window), is spread over WINDOW_S of calls.
+On a GPU the kernel's process captures the window's calls in one CUDA graph when it can, so
+launch overhead does not count (as in a model under CUDA graphs); a kernel that cannot be captured
+is timed as plain launches, each output copied into a slot, overhead included. Back-to-back calls
+on fresh memory pay what do_bench's flush hides (the write-back of the last call's output, fresh
+pages): on the H100 this clock read 3-22% above do_bench (BENCHMARKS.md, section 19), most for
+kernels that write large outputs.
+
+The kernel's process also reports its own do_bench median; a report that the judge's clock
+contradicts beyond CROSSCHECK_RATIO and CROSSCHECK_SLACK_US is refused with a named reason.
 
 Paired rounds: the candidate and the best kept version (each in its own untrusted process) are
-timed in alternation on the same inputs, ROUNDS times after one discarded warm-up round (on the
+timed in alternation on the same sets, ROUNDS times after one discarded warm-up round (on the
 H100 the first timed round of a process ran ~4% faster than the rest); each round gives a ratio
 candidate/kept of the judge's clock, and the keep rule (autokernel.results.keep_rule) compares the
-median ratio with the rounds' spread. So even a kept version whose own clock lied is compared by
-the judge's.
+median ratio with the rounds' spread. A kept version whose window outputs are wrong is dropped
+from the pairing: a cheat kept earlier never blocks an honest candidate.
 """
+import base64
+import os
+import random
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 import autokernel as ak
-from autokernel.child import FLUSH_BYTES
+from autokernel.gate import bits, tensors
 
 ROUNDS = 5 if ak.CUDA else 3  # interpreter timings rank nothing: fewer rounds, same rule
 WARMUP_ROUNDS = 1 if ak.CUDA else 0  # interpreter rounds are slow and have no clocks to settle
-CROSSCHECK_S = 0.05 if ak.CUDA else 0.2  # target length of one judge-timed loop
-# The judge's estimate may exceed the report by this factor plus this slack (the pipe, the clock,
-# noise; on the H100 the judge read up to 1.6 us above do_bench for a 4.5 us kernel; on a CPU the
-# interpreter shares two cores with everything else).
+WINDOW_S = 0.01  # target length of one window of calls (GPU)
+MAX_SETS = 2000 if ak.CUDA else 2  # the interpreter: two calls show a cache, seconds each
+WINDOW_BYTES = 16 << 30  # at most, for the windows' sets and outputs (and a third of free memory)
+FLUSH_BYTES = 512 << 20  # larger than any L2
+SAMPLED_OUTPUTS, SAMPLED_ELEMENTS = 4, 64  # read before the clock stops (see window_us)
+# The judge's clock may exceed the report by this factor plus this slack (the pipe, the clock,
+# noise; on a CPU the interpreter shares two cores with everything else).
 CROSSCHECK_RATIO = 1.5 if ak.CUDA else 3.0
 CROSSCHECK_SLACK_US = 2.0 if ak.CUDA else 5_000.0
 
@@ -38,58 +63,231 @@ class TimingError(Exception):
     """The timing failed or was contradicted: the message is the row's reason."""
 
 
-def paired_rounds(candidate, kept, inputs, make_buffer, check):
-    """Time the candidate (and the kept version, when given) in alternation, each round both by
-    the runner's own report and by the judge's clock. Returns {"candidate": [judge us...],
-    "kept": [judge us...] or None, "claimed": the candidate's reported medians, "reply": its last
-    reply}. check(output) raises TimingError for a wrong output of the candidate's timed calls.
-    The keep rule uses the judge's numbers."""
-    times = {"candidate": [], "kept": [] if kept is not None else None, "claimed": []}
-    reply = None
-    for r in range(-WARMUP_ROUNDS, ROUNDS):
-        flush_per_call = flush_seconds(50) / 50 if ak.CUDA else 0.0
-        order = (("candidate", candidate), ("kept", kept))
-        for name, runner in order if r % 2 == 0 else order[::-1]:  # neither always goes first
+@dataclass
+class Case:
+    """What a kernel is timed on: make(seed) -> a fresh input set (the same seed, the same
+    values), reference(inputs) -> the oracle's output, wrong(out, ref, inputs) -> True when out
+    misses the tolerance, and the output's shape and dtype."""
+    make: Callable
+    reference: Callable
+    wrong: Callable
+    out_shape: tuple
+    out_dtype: torch.dtype
+
+    def blank(self):
+        fill = float("nan") if self.out_dtype.is_floating_point else 0
+        return torch.full(self.out_shape, fill, dtype=self.out_dtype, device=ak.DEVICE)
+
+
+BEHAVES = "behaves differently when timed"
+
+
+def paired_rounds(candidate, kept, case):
+    """Time the candidate (and the kept version, when given) in alternating windows. Returns
+    {"candidate": [judge us...], "kept": [judge us...] or None, "claimed": the candidate's own
+    do_bench medians, "reply": its report, "graph": whether its windows replayed a CUDA graph,
+    "kept_dropped": why the kept version left the pairing, or None}."""
+    seed = fresh_seed()
+    inputs = case.make(seed)
+    reply = candidate.time(inputs, buffer := case.blank())
+    if reply.get("status") != "timed":
+        raise TimingError(f"timing: kernel_fn raised {reply.get('error', reply.get('status'))}")
+    pristine = case.make(seed)
+    if not unchanged(inputs, pristine) or case.wrong(buffer, case.reference(pristine),
+                                                          pristine):
+        raise TimingError(f"timing: a timed call's output differs from the oracle (or it changed "
+                          f"its inputs): {BEHAVES}")
+    claimed = float(reply["median_us"])
+    del inputs, buffer, pristine
+    runners = {"candidate": candidate, "kept": kept}
+    sets = window_sets(case, claimed, len([r for r in runners.values() if r is not None]))
+    # Where the outputs are read: a CUDA graph's own outputs (CUDA IPC), else the judge's slots.
+    where, graph, dropped = {}, None, None
+    for name, runner in list(runners.items()):
+        if runner is None:
+            continue
+        try:
+            where[name] = arm(runner, sets, case)
+        except TimingError as e:
+            if name == "candidate":
+                raise TimingError(f"timing: {e}") from None
+            runners["kept"], dropped = None, str(e)
+        if name == "candidate":
+            graph = not isinstance(where[name], Slots)
+    times = {"candidate": [], "kept": []}
+    r = -WARMUP_ROUNDS
+    while r < ROUNDS:
+        seeds = refresh(case, sets)
+        order = list(runners.items()) if r % 2 == 0 else list(runners.items())[::-1]
+        outputs, took, spoiled = {}, {}, False
+        for name, runner in order:  # neither always goes first
             if runner is None:
                 continue
-            out = make_buffer()
-            got = runner.time(inputs, out)
-            who = "the kept version" if name == "kept" else "kernel_fn"
-            if got.get("status") != "timed":
-                raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
-            judged, looped = judge_clock_us(runner, inputs, float(got["median_us"]),
-                                            flush_per_call, who, make_buffer)
-            if name == "candidate":
-                check(out)
-                check(looped)
-            if r >= 0:
-                times[name].append(judged)
+            try:
+                took[name], outputs[name] = window_us(runner, len(sets), name, where[name])
+                changed = changed_set(case, sets, seeds)
+                if changed is not None:
+                    raise TimingError(f"timing: input set {changed} was changed during its "
+                                      f"window: {BEHAVES}")
+            except TimingError as e:
                 if name == "candidate":
-                    times["claimed"].append(float(got["median_us"]))
+                    raise
+                runners["kept"], dropped, spoiled = None, str(e), True  # the round again, alone
+                break
+        if spoiled:
+            continue
+        for name, why in wrong_outputs(case, sets, outputs).items():
             if name == "candidate":
-                reply = got
-    return {**times, "reply": reply}
+                raise TimingError(f"timing: {why}: {BEHAVES}")
+            runners["kept"], dropped = None, why
+            took.pop(name)
+        if r >= 0:
+            for name, us in took.items():
+                times[name].append(us)
+        r += 1
+    kept_times = times["kept"] if runners["kept"] is not None else None
+    return {"candidate": times["candidate"], "kept": kept_times, "claimed": [claimed],
+            "reply": reply, "graph": graph, "kept_dropped": dropped, "sets": len(sets)}
 
 
-def judge_clock_us(runner, inputs, claimed_us, flush_per_call, who, make_buffer):
-    """The judge's own estimate of one call: n flushed calls timed from here, minus n flushes
-    (timed here) and the pipe's round trip. -> (us, the last call's output)."""
-    per_call_guess = max(claimed_us, 1.0) + flush_per_call * 1e6
-    n = int(min(max(CROSSCHECK_S * 1e6 / per_call_guess, 1), 2000 if ak.CUDA else 20))
-    rtt = min(ping(runner) for _ in range(3))
-    buffer = make_buffer()
+class Slots(list):
+    """Output buffers of the judge's that the kernel's process copies its outputs into."""
+
+
+def arm(runner, sets, case):
+    """Hand the sets to a runner: on a GPU it captures its calls in a CUDA graph, whose outputs
+    are opened here; where that fails (and on a CPU) it gets slots for its outputs."""
+    got = runner.arm(sets, None) if ak.CUDA else {"status": "armed", "graph": False}
+    if got.get("status") == "armed" and not got.get("graph"):
+        slots = Slots(case.blank() for _ in sets)
+        got = runner.arm(sets, slots)
+        if got.get("status") == "armed":
+            return slots
+    if got.get("status") != "armed":
+        raise TimingError(f"kernel_fn raised {got.get('error', got.get('status'))}")
+    return opened(got.get("outputs"), case, len(sets))
+
+
+def window_sets(case, claimed_us, runners):
+    """n input sets for the windows: enough calls to fill WINDOW_S, as many as WINDOW_BYTES
+    holds (each set; per runner its output and the judge's copy), at least one."""
+    first = case.make(fresh_seed())
+    set_bytes = sum(t.numel() * t.element_size() for t in tensors(first).values())
+    out_bytes = torch.Size(case.out_shape).numel() * torch.empty(0, dtype=case.out_dtype
+                                                                 ).element_size()
+    wanted = int(WINDOW_S * 1e6 / max(claimed_us, 1.0)) if ak.CUDA else MAX_SETS
+    budget = min(WINDOW_BYTES, torch.cuda.mem_get_info()[0] // 3) if ak.CUDA else WINDOW_BYTES
+    fits = budget // max(set_bytes + 2 * runners * out_bytes, 1)
+    n = max(1, min(wanted, MAX_SETS, fits))
+    return [first] + [case.make(fresh_seed()) for _ in range(n - 1)]
+
+
+def refresh(case, sets):
+    """New random values in every set, in place (the kernel's processes hold these tensors),
+    then an L2 flush. Returns the seeds that make each set again."""
+    seeds = [fresh_seed() for _ in sets]
+    for held, seed in zip(sets, seeds):
+        for key, t in case.make(seed).items():
+            if isinstance(t, torch.Tensor):
+                held[key].copy_(t)
+    flush_l2()
+    return seeds
+
+
+def window_us(runner, n, name, outputs):
+    """One window on the judge's clock: (us per call, copies of its n outputs). The clock stops
+    once a few elements of a few outputs, picked at random, are read here (the time those reads
+    take here is not counted); the copies come after and must agree with them, so work the
+    kernel's process leaves running after its answer is either on the clock or caught."""
+    who = "the kept version" if name == "kept" else "kernel_fn"
+    picks = sorted(random.sample(range(n), min(SAMPLED_OUTPUTS, n)))
+    at = [tuple(torch.randint(0, s, (SAMPLED_ELEMENTS,), device=ak.DEVICE)
+                for s in outputs[i].shape) for i in picks]
+    flush_l2()
     start = time.perf_counter()
-    got = runner.loop(inputs, n, ak.CUDA, buffer)
-    wall = time.perf_counter() - start
-    if got.get("status") != "looped":
+    got = runner.window()
+    if got.get("status") != "windowed":
         raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
-    return max(wall - rtt - n * flush_per_call, 0.0) / n * 1e6, buffer
+    seen = sample(outputs, picks, at)
+    wall = time.perf_counter() - start
+    copies = [out.clone() for out in outputs]
+    if ak.CUDA:
+        torch.cuda.synchronize()
+    started = time.perf_counter()  # the same reads of outputs that are done: what they cost
+    again = sample(copies, picks, at)
+    wall -= time.perf_counter() - started
+    if any(not torch.equal(bits(a), bits(b)) for a, b in zip(seen, again)):
+        raise TimingError(f"timing: {who}'s outputs changed after it answered (work left "
+                          f"running past the clock): {BEHAVES}")
+    return wall / n * 1e6, copies
 
 
-def ping(runner):
-    start = time.perf_counter()
-    runner.ping()
-    return time.perf_counter() - start
+def sample(outputs, picks, at):
+    seen = [outputs[i][where] for i, where in zip(picks, at)]
+    if ak.CUDA:
+        torch.cuda.synchronize()
+    return seen
+
+
+def opened(described, case, n):
+    """A CUDA graph's n outputs in the kernel's process, opened here by CUDA IPC."""
+    try:
+        if not isinstance(described, list) or len(described) != n:
+            raise ValueError(f"expected {n} output descriptions")
+        return [shared_tensor(d, case) for d in described]
+    except (TypeError, ValueError, KeyError, RuntimeError) as e:
+        raise TimingError(f"its window outputs are unreadable ({e}): {BEHAVES}") from None
+
+
+def shared_tensor(d, case):
+    """A CUDA tensor of the kernel's process, opened here from its IPC description after every
+    field is checked: the dtype and shape the oracle gives, a view inside its storage, and a
+    reference-counter file of torch's own naming (torch writes to it when the view is freed)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+    if not isinstance(d, dict) or d.get("dtype") != str(case.out_dtype).replace("torch.", ""):
+        raise ValueError("an output of the wrong dtype")
+    shape, stride = [int(x) for x in d["shape"]], [int(x) for x in d["stride"]]
+    if tuple(shape) != tuple(case.out_shape) or len(stride) != len(shape) \
+            or min(stride, default=0) < 0:
+        raise ValueError(f"an output of shape {shape}, expected {list(case.out_shape)}")
+    offset, size, base = int(d["offset"]), int(d["size"]), int(d["storage_offset"])
+    itemsize = torch.empty(0, dtype=case.out_dtype).element_size()
+    extent = offset + sum((s - 1) * st for s, st in zip(shape, stride)) + 1
+    counter, counter_at = base64.b64decode(d["ref_counter"]), int(d["ref_counter_offset"])
+    name = counter.decode("ascii", "replace")
+    path = f"/dev/shm/{name[1:]}"
+    if offset < 0 or base < 0 or extent * itemsize > size or not name.startswith("/torch_") \
+            or "/" in name[1:] or not os.path.isfile(path) \
+            or not 0 <= counter_at < os.path.getsize(path) // 8:
+        raise ValueError("an output description out of bounds")
+    return rebuild_cuda_tensor(torch.Tensor, torch.Size(shape), tuple(stride), offset,
+                               torch.UntypedStorage, case.out_dtype, int(d["device"]),
+                               base64.b64decode(d["handle"]), size, base, False, counter,
+                               counter_at, b"", False)
+
+
+def changed_set(case, sets, seeds):
+    """The index of the first set that is no longer what its seed makes, or None."""
+    for i, (held, seed) in enumerate(zip(sets, seeds)):
+        if not unchanged(held, case.make(seed)):
+            return i
+    return None
+
+
+def wrong_outputs(case, sets, outputs):
+    """Every window output against the oracle of its set: {runner name: why it is wrong}."""
+    wrong = {}
+    for i, held in enumerate(sets):
+        ref = case.reference(held)
+        for name, outs in outputs.items():
+            if name not in wrong and case.wrong(outs[i], ref, held):
+                wrong[name] = f"the output of window call {i} of {len(sets)} differs from the " \
+                              f"oracle"
+    return wrong
+
+
+def unchanged(inputs, pristine):
+    return all(torch.equal(bits(t), bits(pristine[k])) for k, t in tensors(inputs).items())
 
 
 def crosscheck(claimed_us, judged_us, who="the kernel's process"):
@@ -104,17 +302,17 @@ def crosscheck(claimed_us, judged_us, who="the kernel's process"):
 _flush = {}
 
 
-def flush_seconds(n):
-    """Wall time of n L2 flushes in this process (what the runner's loop adds per call)."""
-    buf = _flush.setdefault("buf", torch.empty(FLUSH_BYTES // 4, dtype=torch.int32,
-                                                device="cuda"))
-    buf.zero_()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
+def flush_l2():
+    """Evict the L2 cache from this process (the cache is the GPU's, shared by every process)."""
+    if ak.CUDA:
+        buf = _flush.setdefault("buf", torch.empty(FLUSH_BYTES // 4, dtype=torch.int32,
+                                                    device="cuda"))
         buf.zero_()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+        torch.cuda.synchronize()
+
+
+def fresh_seed():
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def median(values):

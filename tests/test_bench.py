@@ -446,6 +446,8 @@ ATTACK_CASES = {  # judged in a fresh repo, like the planted kernels
     "forged_report": ([], "FAIL", "wrong values"),
     "slowed_clocks": ([], "FAIL", "timing contradicted"),
     "lazy_when_timed": ([], "FAIL", "behaves differently when timed"),
+    "caches_when_timed": ([], "FAIL", "behaves differently when timed"),
+    "skips_timed_calls": ([], "FAIL", "behaves differently when timed"),
 }
 TAMPERING = ["wipes_results", "moves_branch", "edits_every_file", "plants_modules"]
 
