@@ -409,7 +409,9 @@ def measure(candidate, kept, plan):
     except timing.TimingError as e:
         return {"correctness": "FAIL", "reason": str(e)}
     print(f"timing_windows: {rounds['sets']} calls a window, "
-          + ("replayed as a CUDA graph" if rounds["graph"] else "plain launches"), flush=True)
+          + ("replayed as a CUDA graph" if rounds["graph"] else "plain launches")
+          + f", {timing.pipe_round_trip_s() * 1e6:.0f} us of pipe round trip subtracted",
+          flush=True)
     if rounds["kept_dropped"]:
         print(f"note: the kept version left the pairing: {rounds['kept_dropped']}", flush=True)
     keep, gain, noise, why = results.keep_rule(rounds["candidate"], rounds["kept"])
@@ -428,20 +430,8 @@ def timing_case(candidate, kept, plan):
     if plan["kernel_type"] == "kernelbench":
         from autokernel import kernelbench
         return kernelbench.timing_case(plan, [r for r in (candidate, kept) if r is not None])
-    ktype = ak.KERNEL_TYPES[plan["kernel_type"]]
-    shape, dtype = tuple(plan["shape"]), ak.DTYPES[plan["dtype"]]
-
-    def make(seed):
-        gen = torch.Generator(device=ak.DEVICE)
-        gen.manual_seed(seed)
-        return ktype.inputs(shape, dtype, ak.DEVICE, gen, plan.get("variant"))
-
-    first = make(0)
-    ref = ktype.reference(**first)
-    return timing.Case(make=make, reference=lambda inputs: ktype.reference(**inputs),
-                       wrong=lambda out, want, inputs: bool(
-                           ktype.mismatches(out, want, inputs)[0].any()),
-                       out_shape=tuple(ref.shape), out_dtype=ak.out_dtype(ktype, first))
+    return timing.kernel_case(ak.KERNEL_TYPES[plan["kernel_type"]], tuple(plan["shape"]),
+                              ak.DTYPES[plan["dtype"]], plan.get("variant"))
 
 
 def add_baselines(outcome):

@@ -110,7 +110,9 @@ def _print_baselines(cache, types):
                   ("eager", "compile", "library") if entry.get(f"{what}_error")]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     modes = {e.get("compile_mode") for e in cache["baselines"].values() if e.get("compile_mode")}
-    print(f"\nbaselines ({'do_bench median, L2 flushed' if device['cuda'] else 'CPU wall clock'}"
+    clock = "bench.py's clock: fresh inputs, L2 flushed, CUDA graph" if device["cuda"] else \
+        "CPU wall clock"
+    print(f"\nbaselines ({clock}"
           f"{'; torch.compile mode=' + ','.join(sorted(modes)) if modes else ''}):")
     for row in rows:  # numbers right-aligned
         print("  ".join(cell.rjust(w) if j in (3, 4, 6) else cell.ljust(w)
