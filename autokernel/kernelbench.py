@@ -570,8 +570,9 @@ COMPILE_MODE = "default"  # KernelBench's torch.compile baseline is inductor's d
 
 def baselines(plan, compile_mode=COMPILE_MODE):
     """{"eager_us", "compile_us", ...}: Model in the judged dtype, timed like every baseline here
-    (do_bench medians, L2 flushed), measured once per device and cached in prepare.json. No
-    torch.compile on a CPU (compile_us None); compile_mode "none" skips it anywhere."""
+    (on a GPU the judge's windows, as bench.py times a ModelNew: autokernel/timing.py), measured
+    once per device and cached in prepare.json. No torch.compile on a CPU (compile_us None);
+    compile_mode "none" skips it anywhere."""
     from autokernel import baselines as base
     problem = problem_of(plan)
     key = (f"kernelbench|{problem.name}|{problem.sha256[:12]}|{plan['shape_str']}|"
@@ -596,21 +597,27 @@ def measure_baselines(problem, dtype, compile_mode):
     def forward(**values):
         with torch.no_grad():
             return model(*values.values())
+    case = None
     try:
-        forward(**inputs)
-        entry["eager_us"] = base.time_us(lambda: forward(**inputs))
+        out = forward(**inputs)
+        if ak.CUDA and isinstance(out, torch.Tensor):  # the windows' fresh sets, as for ModelNew
+            from autokernel.timing import Case
+            case = Case(make=lambda s: problem.inputs(s % 2 ** 32, dtype), reference=None,
+                        wrong=None, out_shape=tuple(out.shape), out_dtype=out.dtype)
+        del out
+        entry["eager_us"] = base.clock_us(forward, inputs, case)
     except Exception as e:  # out of memory at the problem's size, say
         entry.update(eager_us=None, eager_error=describe(e))
     if not ak.CUDA or compile_mode == "none":
         entry.update(compile_us=None, compile_note="not measured on a CPU" if not ak.CUDA
                      else "not asked (--compile-mode none)")
     else:
-        us, seconds, error = base.compile_and_time(forward, inputs, compile_mode)
+        us, seconds, error = base.compile_and_time(forward, inputs, compile_mode, case)
         entry.update(compile_us=us, compile_mode=compile_mode, compile_s=seconds)
         if error:
             entry["compile_error"] = error
         torch._dynamo.reset()  # the compiled graph holds the inputs (GBs at KernelBench sizes)
-    del model, inputs
+    del model, inputs, case
     if ak.CUDA:
         torch.cuda.empty_cache()
     return entry
