@@ -58,6 +58,7 @@ MAX_SETS = 2000 if ak.CUDA else 2  # the interpreter: two calls show a cache, se
 WINDOW_BYTES = 16 << 30  # at most, for the windows' sets and outputs (and a third of free memory)
 FLUSH_BYTES = 512 << 20  # larger than any L2
 SAMPLED_OUTPUTS, SAMPLED_ELEMENTS = 4, 64  # read before the clock stops (see window_us)
+SHM = "/dev/shm"  # where shm_open's names live on Linux (torch's IPC reference counters)
 # The judge's clock may exceed the report by this factor plus this slack (the pipe, the clock,
 # noise; on a CPU the interpreter shares two cores with everything else).
 CROSSCHECK_RATIO = 1.5 if ak.CUDA else 3.0
@@ -258,7 +259,7 @@ def window_us(runner, n, name, outputs):
     if got.get("status") != "windowed":
         raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
     seen = sample(outputs, picks, at)
-    wall = max(time.perf_counter() - start - pipe_round_trip_s(), 0.0)
+    wall = time.perf_counter() - start - pipe_round_trip_s()
     copies = [out.clone() for out in outputs]
     if ak.CUDA:
         torch.cuda.synchronize()
@@ -268,7 +269,7 @@ def window_us(runner, n, name, outputs):
     if any(not torch.equal(bits(a), bits(b)) for a, b in zip(seen, again)):
         raise TimingError(f"timing: {who}'s outputs changed after it answered (work left "
                           f"running past the clock): {BEHAVES}")
-    return wall / n * 1e6, copies
+    return max(wall, 0.0) / n * 1e6, copies
 
 
 ECHO = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()"
@@ -315,10 +316,20 @@ def opened(described, case, n):
 
 
 def shared_tensor(d, case):
-    """A CUDA tensor of the kernel's process, opened here from its IPC description after every
-    field is checked: the dtype and shape the oracle gives, a view inside its storage, and a
-    reference-counter file of torch's own naming (torch writes to it when the view is freed)."""
+    """A CUDA tensor of the kernel's process, opened here by CUDA IPC from its description once
+    described_view has checked every field."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
+    shape, stride, offset, size, base, counter, counter_at = described_view(d, case)
+    return rebuild_cuda_tensor(torch.Tensor, torch.Size(shape), tuple(stride), offset,
+                               torch.UntypedStorage, case.out_dtype, int(d["device"]),
+                               base64.b64decode(d["handle"]), size, base, False, counter,
+                               counter_at, b"", False)
+
+
+def described_view(d, case):
+    """The fields of an output description, checked (ValueError): the dtype and shape the oracle
+    gives, a view inside its storage, and a reference-counter file of torch's own naming, the
+    counter inside it (torch writes to it when the view is freed)."""
     if not isinstance(d, dict) or d.get("dtype") != str(case.out_dtype).replace("torch.", ""):
         raise ValueError("an output of the wrong dtype")
     shape, stride = [int(x) for x in d["shape"]], [int(x) for x in d["stride"]]
@@ -330,15 +341,12 @@ def shared_tensor(d, case):
     extent = offset + sum((s - 1) * st for s, st in zip(shape, stride)) + 1
     counter, counter_at = base64.b64decode(d["ref_counter"]), int(d["ref_counter_offset"])
     name = counter.decode("ascii", "replace")
-    path = f"/dev/shm/{name[1:]}"
+    path = f"{SHM}/{name[1:]}"
     if offset < 0 or base < 0 or extent * itemsize > size or not name.startswith("/torch_") \
             or "/" in name[1:] or not os.path.isfile(path) \
             or not 0 <= counter_at < os.path.getsize(path) // 8:
         raise ValueError("an output description out of bounds")
-    return rebuild_cuda_tensor(torch.Tensor, torch.Size(shape), tuple(stride), offset,
-                               torch.UntypedStorage, case.out_dtype, int(d["device"]),
-                               base64.b64decode(d["handle"]), size, base, False, counter,
-                               counter_at, b"", False)
+    return shape, stride, offset, size, base, counter, counter_at
 
 
 def changed_set(case, sets, seeds):

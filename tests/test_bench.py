@@ -621,3 +621,38 @@ def test_the_wall_clock_limit_counts_the_judges_own_work():
     finally:
         runner.stop()
         bench.ChildRunner.started.remove(runner)
+
+
+# ---- the judge's reading of a child's output descriptions -----------------------------------
+
+def description(tmp_path, monkeypatch, **change):
+    """An output description as a child sends it, its reference-counter file made here."""
+    import base64
+    from autokernel import timing
+    monkeypatch.setattr(timing, "SHM", str(tmp_path))
+    (tmp_path / "torch_1_2_3").write_bytes(bytes(8 * 10))
+    good = {"dtype": "float16", "shape": [4, 8], "stride": [8, 1], "offset": 0, "device": 0,
+            "handle": "", "size": 64, "storage_offset": 0,
+            "ref_counter": base64.b64encode(b"/torch_1_2_3").decode(), "ref_counter_offset": 9}
+    return dict(good, **{k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+                         for k, v in change.items()})
+
+
+@pytest.mark.parametrize("change", [
+    {"dtype": "float32"}, {"shape": [4, 9]}, {"stride": [8, -1]}, {"stride": [16, 1]},
+    {"offset": 1}, {"offset": -1}, {"size": 62}, {"ref_counter": b"/etc/passwd"},
+    {"ref_counter": b"/torch_1_2_3/../../x"}, {"ref_counter": b"/torch_9_9_9"},
+    {"ref_counter_offset": 10}, {"ref_counter_offset": -1}, {"shape": "x"}])
+def test_a_childs_output_description_is_checked_before_it_is_opened(tmp_path, monkeypatch,
+                                                                    change):
+    """The judge opens a child's outputs from descriptions the child wrote: any field that would
+    make it read outside them, or write a counter outside a torch file, is refused first."""
+    import torch
+    from autokernel import timing
+    case = timing.Case(make=None, reference=None, wrong=None, out_shape=(4, 8),
+                       out_dtype=torch.float16)
+    assert timing.described_view(description(tmp_path, monkeypatch), case)[0] == [4, 8]
+    with pytest.raises(ValueError):
+        timing.described_view(description(tmp_path, monkeypatch, **change), case)
+    with pytest.raises(timing.TimingError, match="unreadable"):
+        timing.opened([description(tmp_path, monkeypatch, **change)], case, 1)
