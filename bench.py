@@ -409,7 +409,8 @@ def measure(candidate, kept, plan):
     except timing.TimingError as e:
         return {"correctness": "FAIL", "reason": str(e)}
     print(f"timing_windows: {rounds['sets']} calls a window, "
-          + ("replayed as a CUDA graph" if rounds["graph"] else "plain launches")
+          + ("replayed as a CUDA graph" if rounds["graph"] is True else "plain launches"
+             + (f" ({rounds['graph']})" if rounds["graph"] else ""))
           + f", {timing.pipe_round_trip_s() * 1e6:.0f} us of pipe round trip subtracted",
           flush=True)
     if rounds["kept_dropped"]:

@@ -91,8 +91,9 @@ BEHAVES = "behaves differently when timed"
 def paired_rounds(candidate, kept, case):
     """Time the candidate (and the kept version, when given) in alternating windows. Returns
     {"candidate": [judge us...], "kept": [judge us...] or None, "claimed": the candidate's own
-    do_bench medians, "reply": its report, "graph": whether its windows replayed a CUDA graph,
-    "kept_dropped": why the kept version left the pairing, or None}."""
+    do_bench medians, "reply": its report, "graph": True when its windows replayed a CUDA graph,
+    else why not ("" on a CPU), "kept_dropped": why the kept version left the pairing, or None,
+    "sets": calls a window}."""
     seed = fresh_seed()
     inputs = case.make(seed)
     reply = candidate.time(inputs, buffer := case.blank())
@@ -119,7 +120,7 @@ def paired_rounds(candidate, kept, case):
                 raise TimingError(f"timing: {e}") from None
             runners["kept"], dropped = None, str(e)
         if name == "candidate":
-            graph = not isinstance(where[name], Slots)
+            graph = True if not isinstance(where[name], Slots) else where[name].why
     times = {"candidate": [], "kept": []}
     r = -WARMUP_ROUNDS
     while r < ROUNDS:
@@ -210,7 +211,8 @@ def arm(runner, sets, case):
     got = runner.arm(sets, None) if ak.CUDA else {"status": "armed", "graph": False}
     if got.get("status") == "armed" and not got.get("graph"):
         slots = Slots(case.blank() for _ in sets)
-        got = runner.arm(sets, slots)
+        slots.why = str(got.get("note") or "")[:300]  # why not a graph: the agent should know
+        got = runner.arm(sets, list(slots))
         if got.get("status") == "armed":
             return slots
     if got.get("status") != "armed":
