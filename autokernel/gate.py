@@ -41,8 +41,12 @@ class CheckCrash(Exception):
 def fresh_generator():
     """Fresh inputs every run: nothing to memorise. Never a fixed seed."""
     gen = torch.Generator(device=ak.DEVICE)
-    gen.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    gen.manual_seed(fresh_seed())
     return gen
+
+
+def fresh_seed():
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def check(runner, plan, quick=False, on_stage=None, log=None):

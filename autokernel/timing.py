@@ -49,7 +49,7 @@ from typing import Callable
 import torch
 
 import autokernel as ak
-from autokernel.gate import bits, tensors
+from autokernel.gate import bits, fresh_seed, tensors
 
 ROUNDS = 5 if ak.CUDA else 3  # interpreter timings rank nothing: fewer rounds, same rule
 WARMUP_ROUNDS = 1 if ak.CUDA else 0  # interpreter rounds are slow and have no clocks to settle
@@ -165,10 +165,10 @@ def kernel_case(ktype, shape, dtype, variant=None):
         return ktype.inputs(shape, dtype, ak.DEVICE, gen, variant)
 
     first = make(0)
-    ref = ktype.reference(**first)
+    shape_of = ktype.eager(**first)  # the oracle's output shape, without an fp64 oracle run
     return Case(make=make, reference=lambda inputs: ktype.reference(**inputs),
                 wrong=lambda out, want, inputs: bool(ktype.mismatches(out, want, inputs)[0].any()),
-                out_shape=tuple(ref.shape), out_dtype=ak.out_dtype(ktype, first))
+                out_shape=tuple(shape_of.shape), out_dtype=ak.out_dtype(ktype, first))
 
 
 def trusted_window_us(fn, case, guess_us):
@@ -394,10 +394,6 @@ def flush_l2():
                                                     device="cuda"))
         buf.zero_()
         torch.cuda.synchronize()
-
-
-def fresh_seed():
-    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def median(values):
