@@ -55,6 +55,7 @@ COMPILE_LIMIT_S = 240  # the same for a CUDA C++ kernel file, whose import runs 
 REQUEST_LIMIT_S = 30 if ak.CUDA else 90   # one call (compiling and autotuning included)
 REPLY_BYTES = 8 << 20  # a timing window describes up to timing.MAX_SETS outputs
 CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
+IDLE_KERNEL = ak.ROOT / "autokernel" / "idle_kernel.py"  # the window floor's (timing.py)
 
 
 def parse_args(argv=None):
@@ -309,7 +310,7 @@ class ChildRunner:
         return self.request(("arm", sets, slots))
 
     def window(self):
-        return self.request(("window",))
+        return self.request(("window",), spin=ak.CUDA)
 
     def ping(self):
         return self.request(("ping",))
@@ -318,14 +319,14 @@ class ChildRunner:
         self.at("building ModelNew")
         return self.request(("build", init_args, seed, dtype))
 
-    def request(self, message):
+    def request(self, message, spin=False):
         try:
             self.conn.send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             raise self.gone()
-        return self.receive(self.request_limit)
+        return self.receive(self.request_limit, spin)
 
-    def receive(self, limit_s):
+    def receive(self, limit_s, spin=False):
         left = self.deadline - time.monotonic()
         # The judge's own work (inputs, the oracle) counts against the limit too: once it is
         # spent, a reply already waiting does not stretch it.
@@ -334,7 +335,11 @@ class ChildRunner:
                                        f"during {self.stage}")
         wait = min(limit_s, left)
         try:
-            ready = self.conn.poll(wait)
+            if spin:  # a timed window: no wake-up latency of this process on the clock
+                until = time.monotonic() + wait
+                while not self.conn.poll(0) and time.monotonic() < until:
+                    pass
+            ready = self.conn.poll(0 if spin else wait)
             data = self.conn.recv_bytes(maxlength=REPLY_BYTES) if ready else None
         except (EOFError, OSError):
             raise self.gone()
@@ -400,7 +405,8 @@ def measure(candidate, kept, plan):
     print(f"timing: {timing.ROUNDS} paired rounds" + (" against the kept version" if kept
                                                        else ""), flush=True)
     try:
-        rounds = timing.paired_rounds(candidate, kept, timing_case(candidate, kept, plan))
+        rounds = timing.paired_rounds(candidate, kept, timing_case(candidate, kept, plan),
+                                      start_idle if ak.CUDA else None)
         claimed = statistics.median(rounds["claimed"])
         judged = statistics.median(rounds["candidate"])
         contradiction = timing.crosscheck(claimed, judged)
@@ -411,8 +417,9 @@ def measure(candidate, kept, plan):
     print(f"timing_windows: {rounds['sets']} calls a window, "
           + ("replayed as a CUDA graph" if rounds["graph"] is True else "plain launches"
              + (f" ({rounds['graph']})" if rounds["graph"] else ""))
-          + f", {timing.pipe_round_trip_s() * 1e6:.0f} us of pipe round trip subtracted",
-          flush=True)
+          + (f", {rounds['floor_us']:.0f} us a window subtracted (the floor: an idle kernel's "
+             f"window)" if rounds["floor_us"] else f", nothing subtracted ({rounds['floor_why']})"
+             if ak.CUDA else ""), flush=True)
     if rounds["kept_dropped"]:
         print(f"note: the kept version left the pairing: {rounds['kept_dropped']}", flush=True)
     keep, gain, noise, why = results.keep_rule(rounds["candidate"], rounds["kept"])
@@ -423,6 +430,19 @@ def measure(candidate, kept, plan):
             "faster": keep, "gain": gain, "noise": noise, "keep_why": why,
             "peak_vram_mb": rounds["reply"].get("peak_vram_mb"),
             "timing_valid": ak.TIMING_MEANINGFUL}
+
+
+def start_idle():
+    """The judge's idle kernel (autokernel/idle_kernel.py) in a child, for the window floor."""
+    runner = ChildRunner(IDLE_KERNEL, time.monotonic() + STARTUP_LIMIT_S, STARTUP_LIMIT_S)
+    try:
+        hello = runner.start()
+    except ChildGone as e:
+        raise timing.TimingError(f"the idle kernel's process: {e.why}") from None
+    if hello["status"] != "loaded":
+        runner.stop()
+        raise timing.TimingError(f"the idle kernel did not load: {hello.get('error')}")
+    return runner
 
 
 def timing_case(candidate, kept, plan):
@@ -526,10 +546,10 @@ def keep(row, facts, plan, outcome, description):
         g.git("reset", "-q", "--soft", before)  # no row, no keep: kernel.py stays as edited
         raise UsageError(f"results.tsv could not be written ({one_line(e)}): nothing kept, "
                          f"kernel.py left as it was", code=1)
-    record = file_of_record(plan["tag"])
-    if record is not None:
-        record.write_bytes(facts["kernel"].read_bytes())
-        outcome["file_of_record"] = results.rel(record)
+    of_record = file_of_record(plan["tag"])
+    if of_record is not None:
+        of_record.write_bytes(facts["kernel"].read_bytes())
+        outcome["file_of_record"] = results.rel(of_record)
     return row
 
 

@@ -88,6 +88,9 @@ def serve(conn, kernel_path, log_path):
     send({"status": "loaded", "attrs": attrs, "has_kernel_fn": callable(runner.fn),
           "has_model_new": isinstance(runner.model_class, type)})
     while True:
+        if runner.sets is not None and runner.cuda:  # armed: wake at once for the next window
+            while not conn.poll(0):
+                pass
         msg = conn.recv()
         if msg[0] == "stop":
             return
