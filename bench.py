@@ -179,8 +179,8 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
     if syntax_error:
         return dict(outcome, reason=syntax_error)
     deadline = time.monotonic() + args.timeout
-    kept_file = kept_version_file(args, facts, attrs, rows)
-    kept = None
+    kept_file, best = kept_version_file(args, facts, attrs, rows)
+    kept, unpaired = None, None if kept_file or not best else "its source is not in git"
     try:
         startup_s = COMPILE_LIMIT_S if attrs.get("BACKEND") == "cuda" else STARTUP_LIMIT_S
         candidate = ChildRunner(facts["kernel"], deadline, args.timeout)
@@ -215,9 +215,9 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
                              log=lambda line: print(line, flush=True))
         outcome.update(checked)
         if checked["correctness"] == "PASS":
-            if kept is not None and kept.start(startup_s)["status"] != "loaded":
-                kept = None  # a kept version that no longer imports: nothing to pair with
-            outcome.update(measure(candidate, kept, plan))
+            if kept is not None and (kept_hello := kept.start(startup_s))["status"] != "loaded":
+                kept, unpaired = None, f"it does not import: {kept_hello.get('error')}"
+            outcome.update(measure(candidate, kept, plan, best, unpaired))
     except ChildGone as e:
         outcome.update(correctness=e.correctness, reason=e.reason(CHILD_LOG))
     finally:
@@ -236,23 +236,23 @@ def fallback_plan(attrs, facts):
 
 
 def kept_version_file(args, facts, attrs, rows):
-    """The best kept version of this setting, from git, in a temporary file (None: nothing to
-    pair with, or not a run that can keep)."""
+    """(the best kept version of this setting, from git, in a temporary file, its row): (None,
+    None) when there is none or the run cannot keep; (None, row) when its source is gone."""
     if not facts["git_mode"] or args.quick:
-        return None
+        return None, None
     try:
         plan = contract.plan(attrs)
     except contract.KernelFileError:
-        return None
+        return None, None
     best = results.best_kept(rows, (plan["tag"], plan["shape_str"], plan["dtype"],
                                     facts["device"]))
     source = g.show(best["commit"], facts["kernel_rel"]) if best and best["commit"] else None
     if source is None:
-        return None
+        return None, best
     folder = Path(tempfile.mkdtemp(prefix="autokernel_kept_"))
     path = folder / f"kept_{plan['tag']}.py"
     path.write_text(source)
-    return path
+    return path, best
 
 
 # ---- the untrusted child, seen from here ----------------------------------------------------
@@ -399,9 +399,10 @@ def crash_line(log_path):
 
 # ---- timing ---------------------------------------------------------------------------------
 
-def measure(candidate, kept, plan):
+def measure(candidate, kept, plan, best=None, unpaired=None):
     """Paired rounds against the kept version on the judge's clock (autokernel/timing.py), every
-    timed output judged; the child's own report cross-checked against that clock."""
+    timed output judged; the child's own report cross-checked against that clock. best: the kept
+    row, when there is one; unpaired: why its version is not running beside the candidate."""
     print(f"timing: {timing.ROUNDS} paired rounds" + (" against the kept version" if kept
                                                        else ""), flush=True)
     try:
@@ -422,7 +423,11 @@ def measure(candidate, kept, plan):
              if ak.CUDA else ""), flush=True)
     if rounds["kept_dropped"]:
         print(f"note: the kept version left the pairing: {rounds['kept_dropped']}", flush=True)
-    keep, gain, noise, why = results.keep_rule(rounds["candidate"], rounds["kept"])
+    if rounds["kept"] is None and best is not None:  # a kept version, but not timed here
+        keep, gain, noise, why = results.keep_rule_against_record(
+            rounds["candidate"], float(best["latency_us"]), unpaired or rounds["kept_dropped"])
+    else:
+        keep, gain, noise, why = results.keep_rule(rounds["candidate"], rounds["kept"])
     # The row records the judge's clock: the number the keep rule used, and one the kernel's
     # process cannot touch. The child's do_bench median is shown beside it.
     return {"latency_us": judged, "reported_us": claimed, "rounds": rounds["candidate"],

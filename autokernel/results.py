@@ -16,6 +16,7 @@ import csv
 import math
 import os
 import re
+import statistics
 from pathlib import Path
 
 from autokernel import RESULTS_TSV, ROOT
@@ -159,6 +160,7 @@ def check_writable(path=RESULTS_TSV):
 # ---- the keep rule --------------------------------------------------------------------------
 
 NOISE_FLOOR = 0.01  # a gain under 1% is never told apart from noise
+RECORD_MARGIN = 0.05  # against a number from another run: run-to-run drift counts as noise too
 
 
 def keep_rule(candidate_us, kept_us):
@@ -183,3 +185,16 @@ def keep_rule(candidate_us, kept_us):
     if gain < -noise:
         return False, gain, noise, f"{-gain:.1%} slower than the kept version (beyond the {rounds})"
     return False, gain, noise, f"{gain:+.1%} against the kept version is within the {rounds}"
+
+
+def keep_rule_against_record(candidate_us, recorded_us, why):
+    """The keep rule when a kept version exists but could not be timed beside the candidate
+    (why: it no longer imports, its source is gone, it failed its windows): the candidate must
+    beat the kept version's recorded latency by RECORD_MARGIN. A kept version that cannot be run
+    never lets a candidate through unmeasured. -> (keep, gain, noise, why)."""
+    gain = 1.0 - statistics.median(candidate_us) / recorded_us
+    against = f"the kept version could not be timed ({why}), so against its recorded " \
+              f"{recorded_us:.1f} us"
+    if gain > RECORD_MARGIN:
+        return True, gain, RECORD_MARGIN, f"{gain:.1%} faster: {against}"
+    return False, gain, RECORD_MARGIN, f"{gain:+.1%}, not beyond {RECORD_MARGIN:.0%}: {against}"

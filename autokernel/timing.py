@@ -304,7 +304,8 @@ FLOOR_WINDOWS = 15
 def window_floor_s(start_idle):
     """The least wall clock of a window whose work is nothing: FLOOR_WINDOWS windows of the
     judge's idle kernel (autokernel/idle_kernel.py) in a process of its own, each after the
-    judge's GPU work as every real window is; the fastest counts. Measured once a run; 0 without
+    judge's GPU work and ending with the judge's reads of SAMPLED_OUTPUTS outputs, as every real
+    window does; the fastest counts. Measured once a run; 0 without
     an idle runner (a CPU, where a window takes seconds and the floor ~0.1 ms) or when it fails
     to start (_flush["floor_why"] says why)."""
     if "floor" not in _flush:
@@ -315,13 +316,14 @@ def window_floor_s(start_idle):
             runner, _flush["floor_why"] = None, str(e)
         if runner is not None:
             try:
-                case = idle_case()
-                sets = [case.make(fresh_seed())]
+                case = idle_case()  # as many outputs as a window's reads pick: the same reads
+                sets = [case.make(fresh_seed()) for _ in range(SAMPLED_OUTPUTS)]
                 outputs = arm(runner, sets, case)
                 walls = []
                 for _ in range(FLOOR_WINDOWS):
                     refresh(case, sets)
-                    walls.append(window_us(runner, 1, "idle", outputs, 0.0)[0])
+                    walls.append(window_us(runner, len(sets), "idle", outputs, 0.0)[0]
+                                 * len(sets))
                 floor = min(walls) / 1e6
                 _flush["floor_why"] = "" if floor > 0 else "the idle kernel's windows read 0"
             finally:

@@ -200,6 +200,7 @@ def runs(tmp_path_factory):
         ("tampering", tampering_scenario), ("orphan", orphan_scenario),
         ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
+        ("breaks_kept", breaks_kept_scenario),
         ("dirty_reference", dirty_reference_scenario),
         ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario),
         ("no_description", no_description_scenario)]})
@@ -471,6 +472,23 @@ def tampering_scenario(root):
     return {"kept": kept, "before": before, "attacks": attacks}
 
 
+def breaks_kept_scenario(root):
+    """A kept version, its recorded latency made unbeatable (1 us), then a candidate that breaks
+    the kept version's temporary copy at import (its own TMPDIR: no other test's copy)."""
+    repo = make_repo(root / "breaks_kept")
+    (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
+    kept = run_bench(repo, "-m", "the kept version")
+    table = pd.read_csv(repo / "results.tsv", sep="\t", keep_default_na=False, dtype=str)
+    table.loc[table["status"] == "keep", "latency_us"] = "1.0"
+    table.to_csv(repo / "results.tsv", sep="\t", index=False)
+    head = git(repo, "rev-parse", "HEAD")
+    shutil.copy(ATTACKS / "breaks_kept_version.py", repo / "kernel.py")
+    (root / "breaks_kept_tmp").mkdir()
+    run = run_bench(repo, "-m", "attack", env=dict(GIT_ENV, TMPDIR=str(root / "breaks_kept_tmp")))
+    return {"kept": kept, "run": run, "head": head, **snapshot(repo),
+            "head_after": git(repo, "rev-parse", "HEAD")}
+
+
 def planted_files(repo):
     """plants_modules' files, if they survived: json.py and the forged .pyc."""
     pycs = (repo / "autokernel" / "__pycache__").glob("results.*.pyc")
@@ -552,6 +570,20 @@ def test_attacks_from_the_kernels_process_never_keep_and_change_nothing(runs):
         assert a["planted"] == [], name
 
 
+def test_a_kept_version_broken_by_the_candidate_holds_it_to_the_kept_record(runs):
+    """With no kept version to time beside it, a candidate is not kept as "the first correct
+    version": it must beat the kept row's recorded latency."""
+    r = runs["breaks_kept"]
+    assert r["kept"]["keys"]["status"] == "keep", r["kept"]["stdout"]
+    run = r["run"]
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert", \
+        run["stdout"]
+    why = run["keys"]["keep_rule"]
+    assert "could not be timed (it does not import" in why and "recorded 1.0 us" in why, why
+    assert r["head_after"] == r["head"] and r["status"] == ""  # kernel.py back to the kept one
+
+
 @pytest.mark.parametrize("name", list(ATTACK_CASES))
 def test_attack_is_refused_with_a_named_reason(runs, name):
     _, correctness, phrase = ATTACK_CASES[name]
@@ -600,6 +632,11 @@ def test_the_keep_rule_weighs_gain_against_the_paired_rounds_noise():
     # one noisy round widens the noise: a 3% gain then is not enough
     keep, _, _, why = keep_rule([9.7, 9.7, 9.7, 9.7, 11.0], [10.0] * 5)
     assert not keep and "within" in why
+    # no kept version timed beside it: the kept row's record, with a wider margin
+    from autokernel.results import keep_rule_against_record as against
+    assert not against([9.7] * 5, 10.0, "it does not import")[0]  # 3%: not beyond 5%
+    keep, gain, _, why = against([9.0] * 5, 10.0, "it does not import")
+    assert keep and gain == pytest.approx(0.1) and "recorded 10.0 us" in why
 
 
 def test_the_wall_clock_limit_counts_the_judges_own_work():
