@@ -17,17 +17,17 @@ look faster:
   subtracted flushes the process was trusted to run): only the floor of a window, what any
   process pays for one and none can beat (the pipe both ways, the GPU switching from the judge's
   context to the kernel's and back for the reads), measured as the fastest of many windows of an
-  idle kernel of the judge's own (one tiny copy) in its own process. On the H100 and H200 that
-  floor was ~0.6-0.8 ms a window, 7-15% of a window: left on the clock, it made every kernel
-  read slower than the same code timed in the judge's process, as the baselines are. While a
-  window runs, the judge and the kernel's process poll their pipe rather than sleep on it.
+  idle kernel of the judge's own (one tiny copy) in its own process. While a window runs, the
+  judge and the kernel's process poll their pipe rather than sleep on it. With neither, the same
+  code read 7-15% slower through a child than in the judge's process, where the baselines are
+  timed; with both, 2-6% (H100, H200: GPU time inside the child's own replay, cause unknown;
+  BENCHMARKS.md, section 20).
 On a GPU the kernel's process captures the window's calls in one CUDA graph when it can, so
 launch overhead does not count (as in a model under CUDA graphs); a kernel that cannot be captured
 is timed as plain launches, each output copied into a slot, overhead included. Back-to-back calls
 on fresh memory pay what do_bench's flush hides (the write-back of the last call's output, fresh
-pages). prepare.py times the baselines (eager, the library op,
-torch.compile) on the same windows in the judge's process (trusted_window_us), so "vs eager"
-compares like with like.
+pages). prepare.py times the baselines (eager, the library op, torch.compile) on the same
+windows in the judge's process (trusted_window_us).
 
 The kernel's process also reports its own do_bench median; a report that the judge's clock
 contradicts beyond CROSSCHECK_RATIO and CROSSCHECK_SLACK_US is refused with a named reason.
@@ -35,9 +35,10 @@ contradicts beyond CROSSCHECK_RATIO and CROSSCHECK_SLACK_US is refused with a na
 Paired rounds: the candidate and the best kept version (each in its own untrusted process) are
 timed in alternation on the same sets, ROUNDS times after one discarded warm-up round (on the
 H100 the first timed round of a process ran ~4% faster than the rest), a round being the mean of
-WINDOWS_PER_ROUND windows each; each round gives a ratio candidate/kept of the judge's clock, and the keep rule (autokernel.results.keep_rule) compares the
-median ratio with the rounds' spread. A kept version whose window outputs are wrong is dropped
-from the pairing: a cheat kept earlier never blocks an honest candidate.
+WINDOWS_PER_ROUND windows; each round gives a ratio candidate/kept of the judge's clock, and the
+keep rule (autokernel.results.keep_rule) compares the median ratio with the rounds' spread. A
+kept version that fails its windows leaves the pairing (bench.py then holds the candidate to the
+kept version's recorded latency).
 """
 import base64
 import os
@@ -271,10 +272,10 @@ def refresh(case, sets):
 
 def window_us(runner, n, name, outputs, floor_s):
     """One window on the judge's clock, less floor_s: (us per call, copies of its n outputs).
-    The clock stops
-    once a few elements of a few outputs, picked at random, are read here (the time those reads
-    take here is not counted); the copies come after and must agree with them, so work the
-    kernel's process leaves running after its answer is either on the clock or caught."""
+    The clock stops once a few elements of a few outputs, picked at random, are read here (the
+    time those reads take here is not counted); the copies come after and must agree with them,
+    so work the kernel's process leaves running after its answer is either on the clock or
+    caught."""
     who = "the kept version" if name == "kept" else "kernel_fn"
     picks = sorted(random.sample(range(n), min(SAMPLED_OUTPUTS, n)))
     at = [tuple(torch.randint(0, s, (SAMPLED_ELEMENTS,), device=ak.DEVICE)
@@ -305,9 +306,9 @@ def window_floor_s(start_idle):
     """The least wall clock of a window whose work is nothing: FLOOR_WINDOWS windows of the
     judge's idle kernel (autokernel/idle_kernel.py) in a process of its own, each after the
     judge's GPU work and ending with the judge's reads of SAMPLED_OUTPUTS outputs, as every real
-    window does; the fastest counts. Measured once a run; 0 without
-    an idle runner (a CPU, where a window takes seconds and the floor ~0.1 ms) or when it fails
-    to start (_flush["floor_why"] says why)."""
+    window does; the fastest counts. Measured once a run; 0 without an idle runner (a CPU,
+    where a window takes seconds and the floor ~0.1 ms) or when it fails to start
+    (_flush["floor_why"] says why)."""
     if "floor" not in _flush:
         floor, _flush["floor_why"] = 0.0, "no idle kernel"
         try:
