@@ -403,8 +403,10 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
     """Paired rounds against the kept version on the judge's clock (autokernel/timing.py), every
     timed output judged; the child's own report cross-checked against that clock. best: the kept
     row, when there is one; unpaired: why its version is not running beside the candidate."""
-    print(f"timing: {timing.ROUNDS} paired rounds" + (" against the kept version" if kept
-                                                       else ""), flush=True)
+    windows = f"{timing.WINDOWS_PER_ROUND} window{'s' * (timing.WINDOWS_PER_ROUND > 1)}"
+    print(f"timing: {timing.ROUNDS} rounds of {windows}, "
+          + ("paired with the kept version" if kept else "alone (no kept version to pair with)"),
+          flush=True)
     try:
         rounds = timing.paired_rounds(candidate, kept, timing_case(candidate, kept, plan),
                                       start_idle if ak.CUDA else None)
@@ -417,7 +419,7 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
         return {"correctness": "FAIL", "reason": str(e)}
     print(f"timing_windows: {rounds['sets']} calls a window, "
           + ("replayed as a CUDA graph" if rounds["graph"] is True else "plain launches"
-             + (f" ({rounds['graph']})" if rounds["graph"] else ""))
+             + (f" ({rounds['graph']})" if rounds["graph"] else " (a CPU: no CUDA graphs)"))
           + (f", {rounds['floor_us']:.0f} us a window subtracted (the floor: an idle kernel's "
              f"window)" if rounds["floor_us"] else f", nothing subtracted ({rounds['floor_why']})"
              if ak.CUDA else ""), flush=True)

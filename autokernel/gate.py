@@ -78,7 +78,8 @@ def check(runner, plan, quick=False, on_stage=None, log=None):
                 break
             continue
         result["stages"][stage] = "PASS"
-        log(f"stage_{number}_{stage}: PASS ({judge.checks - before} checks, "
+        checks = judge.checks - before
+        log(f"stage_{number}_{stage}: PASS ({checks} check{'s' * (checks != 1)}, "
             f"{time.perf_counter() - started:.2f} s)")
     result["checks"] = judge.checks
     if not result["failed_stage"]:

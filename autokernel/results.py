@@ -184,7 +184,9 @@ def keep_rule(candidate_us, kept_us):
         return True, gain, noise, f"{gain:.1%} faster than the kept version, beyond the {rounds}"
     if gain < -noise:
         return False, gain, noise, f"{-gain:.1%} slower than the kept version (beyond the {rounds})"
-    return False, gain, noise, f"{gain:+.1%} against the kept version is within the {rounds}"
+    which = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
+    return False, gain, noise, f"{which} than the kept version (the median round), within the " \
+                               f"{rounds}"
 
 
 def keep_rule_against_record(candidate_us, recorded_us, why):

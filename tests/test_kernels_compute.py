@@ -16,6 +16,7 @@ import torch
 
 import autokernel
 from autokernel.contract import load_module
+from autokernel.kernel_types import SHARP_STD
 import reference
 
 KERNELS = ("matmul", "flash_attention", "fused_mlp")
@@ -224,6 +225,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import autokernel
 from autokernel.contract import load_module
+from autokernel.kernel_types import SHARP_STD
 fa = load_module(autokernel.KERNELS_DIR / "flash_attention.py")
 D, dtype, causal = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "causal"
 q_layout, kv_layout = fa._hopper_layouts(D, dtype)
@@ -268,6 +270,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import autokernel
 from autokernel.contract import load_module
+from autokernel.kernel_types import SHARP_STD
 mm = load_module(autokernel.KERNELS_DIR / "matmul.py")
 M, N, K = (int(v) for v in sys.argv[1].split("x"))
 b_kmajor, activation = sys.argv[2] == "kmajor", None if sys.argv[3] == "none" else sys.argv[3]
@@ -390,3 +393,18 @@ def test_fused_mlp_persistent_path():
                    PERSISTENT=True, EPI_SPLIT=epi)
         out = mlp.fused_mlp(x, w_gate, w_up, w_down, gate_config=cfg, down_config=cfg, tma=True)
         assert_matches(out, reference.fused_mlp(x, w_gate, w_up, w_down))
+
+
+def test_sharp_attention_scores_overflow_exp_whatever_the_scale():
+    """The stability case for attention: scores of the same spread for every variant, wide
+    enough that exp without the max subtracted overflows in fp32."""
+    ktype = autokernel.KERNEL_TYPES["flash_attention"]
+    gen = torch.Generator().manual_seed(5)
+    for variant in ktype.variants:
+        (label, inp), = ktype.adversarial((1, 2, 256, 64), torch.float32, "cpu", gen, **variant)
+        K = inp["K"].repeat_interleave(inp["Q"].shape[1] // inp["K"].shape[1], dim=1)
+        scale = inp["scale"] or 64 ** -0.5
+        scores = scale * inp["Q"].double() @ K.double().transpose(-1, -2)
+        std = float(scores.std())
+        assert 0.8 * SHARP_STD < std < 1.25 * SHARP_STD, (variant, std)
+        assert torch.isinf(scores.float().exp()).any(), variant  # naive exp overflows

@@ -26,7 +26,8 @@ Two kernels:
     to float only after the running max is subtracted. The softmax amplifies the absolute error
     of a score, and scores of sharp attention reach several hundred (log2 units), where one
     float ulp is 3e-5 and 64 float FMAs add ~1e-4: enough to move a row that mixes two nearly
-    tied keys past the 1e-4 tolerance (the gate's "sharp scores" input, Q and K scaled by 8).
+    tied keys past the 1e-4 tolerance (sharp attention; the gate's "sharp scores" input has
+    scores ~N(0, 32), where float scores also pass).
     The difference to the max is small, so a float holds it to ~1e-7. P V stays in float
     (weights in [0, 1]: no such amplification). fp16/bf16 keep float scores (1e-2 tolerance).
 
