@@ -32,11 +32,9 @@ import contextlib
 import datetime
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +54,7 @@ REQUEST_LIMIT_S = 30 if ak.CUDA else 90   # one call (compiling and autotuning i
 REPLY_BYTES = 8 << 20  # a timing window describes up to timing.MAX_SETS outputs
 CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
 IDLE_KERNEL = ak.ROOT / "autokernel" / "idle_kernel.py"  # the window floor's (timing.py)
+KEPT_NAME = ak.WORKSPACE / "kept_version.py"  # names the kept version's source (not a file)
 
 
 def parse_args(argv=None):
@@ -179,8 +178,8 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
     if syntax_error:
         return dict(outcome, reason=syntax_error)
     deadline = time.monotonic() + args.timeout
-    kept_file, best = kept_version_file(args, facts, attrs, rows)
-    kept, unpaired = None, None if kept_file or not best else "its source is not in git"
+    kept_source, best = kept_version(args, facts, attrs, rows)
+    kept, unpaired = None, None if kept_source or not best else "its source is not in git"
     try:
         startup_s = COMPILE_LIMIT_S if attrs.get("BACKEND") == "cuda" else STARTUP_LIMIT_S
         candidate = ChildRunner(facts["kernel"], deadline, args.timeout)
@@ -208,8 +207,8 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
             print(f"{'shape' if key == 'shape_str' else key}: {plan[key]}", flush=True)
         def on_stage(stage, where=""):
             nonlocal kept  # the kept version's process starts once the smoke test passed:
-            if kept_file and kept is None and stage != "smoke":  # most failures cost less
-                kept = ChildRunner(kept_file, deadline, args.timeout)
+            if kept_source and kept is None and stage != "smoke":  # most failures cost less
+                kept = ChildRunner(KEPT_NAME, deadline, args.timeout, source=kept_source)
             candidate.at(stage, where)
         checked = gate.check(candidate, plan, quick=args.quick, on_stage=on_stage,
                              log=lambda line: print(line, flush=True))
@@ -220,9 +219,6 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
             outcome.update(measure(candidate, kept, plan, best, unpaired))
     except ChildGone as e:
         outcome.update(correctness=e.correctness, reason=e.reason(CHILD_LOG))
-    finally:
-        if kept_file:
-            shutil.rmtree(Path(kept_file).parent, ignore_errors=True)
     return outcome
 
 
@@ -235,9 +231,11 @@ def fallback_plan(attrs, facts):
                 "kernel_type": str(attrs.get("KERNEL_TYPE") or ""), "shape_str": "", "dtype": ""}
 
 
-def kept_version_file(args, facts, attrs, rows):
-    """(the best kept version of this setting, from git, in a temporary file, its row): (None,
-    None) when there is none or the run cannot keep; (None, row) when its source is gone."""
+def kept_version(args, facts, attrs, rows):
+    """(the source of the best kept version of this setting, from git, its row): (None, None)
+    when there is none or the run cannot keep; (None, row) when its source is gone. The source
+    goes to the kept version's process in memory: a file on disk, the candidate could rewrite
+    (a slower kept version makes any candidate look faster)."""
     if not facts["git_mode"] or args.quick:
         return None, None
     try:
@@ -247,12 +245,7 @@ def kept_version_file(args, facts, attrs, rows):
     best = results.best_kept(rows, (plan["tag"], plan["shape_str"], plan["dtype"],
                                     facts["device"]))
     source = g.show(best["commit"], facts["kernel_rel"]) if best and best["commit"] else None
-    if source is None:
-        return None, best
-    folder = Path(tempfile.mkdtemp(prefix="autokernel_kept_"))
-    path = folder / f"kept_{plan['tag']}.py"
-    path.write_text(source)
-    return path, best
+    return source, best
 
 
 # ---- the untrusted child, seen from here ----------------------------------------------------
@@ -274,7 +267,7 @@ class ChildRunner:
     Replies are JSON (bytes), never unpickled: the child cannot run code in this process."""
     started = []
 
-    def __init__(self, kernel_path, deadline, total_limit):
+    def __init__(self, kernel_path, deadline, total_limit, source=None):
         self.kernel_path, self.deadline, self.total_limit = str(kernel_path), deadline, total_limit
         self.stage, self.proc, self.conn = "loading the kernel", None, None
         ctx = torch.multiprocessing.get_context("spawn")
@@ -283,7 +276,7 @@ class ChildRunner:
         if not ChildRunner.started:
             CHILD_LOG.write_text("")
         self.proc = ctx.Process(target=child.serve, daemon=False,
-                                args=(child_conn, self.kernel_path, str(CHILD_LOG)))
+                                args=(child_conn, self.kernel_path, str(CHILD_LOG), source))
         self.proc.start()
         child_conn.close()
         ChildRunner.started.append(self)

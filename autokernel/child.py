@@ -60,8 +60,9 @@ ALLOWED_OPS = ALLOCATIONS | {
 }
 
 
-def serve(conn, kernel_path, log_path):
-    """The child's main: detach, import the kernel, answer the judge until told to stop."""
+def serve(conn, kernel_path, log_path, source=None):
+    """The child's main: detach, import the kernel (source: its text, handed over in memory),
+    answer the judge until told to stop."""
     os.setsid()  # own process group: the judge kills the whole group
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)  # the kernel's prints and faulthandler's reports go to the child log,
@@ -74,7 +75,7 @@ def serve(conn, kernel_path, log_path):
     from autokernel.contract import load_module, module_attrs
     send = lambda msg: conn.send_bytes(json.dumps(msg).encode())  # noqa: E731
     try:
-        module = load_module(kernel_path)
+        module = load_module(kernel_path, source=source)
     except BaseException as e:  # noqa: B036  (SystemExit from a kernel file is a failure too)
         traceback.print_exc()
         from autokernel.cuda_build import CudaBuildError

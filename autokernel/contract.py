@@ -19,7 +19,9 @@ The names are read from the source without running it (`read_attrs`), so a row c
 even when the file does not import; `load` imports the file and checks the same names.
 """
 import ast
+import importlib.abc
 import importlib.util
+import linecache
 import re
 import sys
 from pathlib import Path
@@ -124,18 +126,37 @@ def plan(attrs) -> dict:
             "dtype": DTYPE_NAMES[dtype], "variant": variant, "backend": backend}
 
 
-def load_module(path, name=None):
-    """Import a Python file by path under a unique module name (never shadowing a library)."""
+def load_module(path, name=None, source=None):
+    """Import a Python file by path under a unique module name (never shadowing a library).
+    source: the file's text, given in memory; path then only names it (it need not exist)."""
     import autokernel.kernel_types  # noqa: F401  (CPU mode is set before the file imports triton)
     path = Path(path)
-    if not path.exists():
+    if source is None and not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     name = name or f"autokernel_loaded_{path.stem}_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    if source is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+    else:  # inspect.getsource (triton.jit) asks the loader for the text, through linecache
+        linecache.cache.pop(str(path), None)  # another text under this name, loaded earlier
+        spec = importlib.util.spec_from_loader(name, TextLoader(path, source), origin=str(path))
+        spec.has_location = True  # __file__ names the path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # triton.jit needs the module importable for inspect
     spec.loader.exec_module(module)
     return module
+
+
+class TextLoader(importlib.abc.SourceLoader):
+    """A module's source from memory, named by a path that need not exist."""
+
+    def __init__(self, path, text):
+        self.path, self.text = str(path), text
+
+    def get_filename(self, fullname):
+        return self.path
+
+    def get_data(self, path):
+        return self.text.encode()
 
 
 def module_attrs(module) -> dict:

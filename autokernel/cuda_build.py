@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import linecache
 import logging
 import os
 import re
@@ -101,8 +102,9 @@ def target_arch():
 def load(source, name=None):
     """Compile `source` (or take it from the cache) and return its launchers as a CudaLibrary.
     Called from the kernel file at import; `name` is only for messages (default: that file)."""
-    caller = Path(sys._getframe(1).f_code.co_filename)
-    line = _first_line(caller, source)
+    frame = sys._getframe(1)
+    caller = Path(frame.f_code.co_filename)
+    line = _first_line(frame, source)
     shown = name or _shown(caller)
     cuda_home = find_cuda_home()
     if cuda_home is None:
@@ -120,12 +122,11 @@ def load(source, name=None):
         raise CudaBuildError(f"{shown}: the compiled library does not load ({e})") from None
 
 
-def _first_line(caller, source):
-    """The kernel file's line where the source's first line is (1 if not found verbatim)."""
-    try:
-        text = caller.read_text(errors="replace")
-    except OSError:
-        return 1
+def _first_line(frame, source):
+    """The kernel file's line where the source's first line is (1 if not found verbatim). The
+    file's text through linecache: a kernel file loaded from memory (the kept version's) has no
+    file, but its loader has the text, so its build key is the one its file had."""
+    text = "".join(linecache.getlines(frame.f_code.co_filename, frame.f_globals))
     at = text.find(source)
     return text.count("\n", 0, at) + 1 if at >= 0 else 1
 

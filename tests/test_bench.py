@@ -200,7 +200,7 @@ def runs(tmp_path_factory):
         ("tampering", tampering_scenario), ("orphan", orphan_scenario),
         ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
-        ("breaks_kept", breaks_kept_scenario),
+        ("kept_version", kept_version_scenario),
         ("dirty_reference", dirty_reference_scenario),
         ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario),
         ("no_description", no_description_scenario)]})
@@ -472,21 +472,29 @@ def tampering_scenario(root):
     return {"kept": kept, "before": before, "attacks": attacks}
 
 
-def breaks_kept_scenario(root):
-    """A kept version, its recorded latency made unbeatable (1 us), then a candidate that breaks
-    the kept version's temporary copy at import (its own TMPDIR: no other test's copy)."""
-    repo = make_repo(root / "breaks_kept")
-    (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
+STARTER_REDUCE = ('KERNEL_TYPE = "reduce"\nBENCH_SHAPES = [(4, 256)]\n\n'
+                  'from kernels.reduce import kernel_fn  # noqa: F401\n')
+
+
+def kept_version_scenario(root):
+    """The reduce starter kept; then a candidate twice as slow that rewrites any copy of the
+    kept version it finds on disk (its own TMPDIR: no other test's); then a candidate whose kept
+    version's source is gone from git, with an unbeatable record (1 us)."""
+    repo = make_repo(root / "kept_version")
+    (repo / "kernel.py").write_text(STARTER_REDUCE)
     kept = run_bench(repo, "-m", "the kept version")
-    table = pd.read_csv(repo / "results.tsv", sep="\t", keep_default_na=False, dtype=str)
-    table.loc[table["status"] == "keep", "latency_us"] = "1.0"
-    table.to_csv(repo / "results.tsv", sep="\t", index=False)
     head = git(repo, "rev-parse", "HEAD")
-    shutil.copy(ATTACKS / "breaks_kept_version.py", repo / "kernel.py")
-    (root / "breaks_kept_tmp").mkdir()
-    run = run_bench(repo, "-m", "attack", env=dict(GIT_ENV, TMPDIR=str(root / "breaks_kept_tmp")))
-    return {"kept": kept, "run": run, "head": head, **snapshot(repo),
-            "head_after": git(repo, "rev-parse", "HEAD")}
+    shutil.copy(ATTACKS / "slows_kept_version.py", repo / "kernel.py")
+    (root / "kept_version_tmp").mkdir()
+    attack = run_bench(repo, "-m", "attack",
+                       env=dict(GIT_ENV, TMPDIR=str(root / "kept_version_tmp")))
+    table = pd.read_csv(repo / "results.tsv", sep="\t", keep_default_na=False, dtype=str)
+    table.loc[table["status"] == "keep", ["commit", "latency_us"]] = ["0123456", "1.0"]
+    table.to_csv(repo / "results.tsv", sep="\t", index=False)
+    (repo / "kernel.py").write_text(variant(STARTER_REDUCE, 2))
+    unpaired = run_bench(repo, "-m", "its kept version's source is gone")
+    return {"kept": kept, "attack": attack, "unpaired": unpaired, "head": head,
+            "head_after": git(repo, "rev-parse", "HEAD"), **snapshot(repo)}
 
 
 def planted_files(repo):
@@ -570,17 +578,21 @@ def test_attacks_from_the_kernels_process_never_keep_and_change_nothing(runs):
         assert a["planted"] == [], name
 
 
-def test_a_kept_version_broken_by_the_candidate_holds_it_to_the_kept_record(runs):
-    """With no kept version to time beside it, a candidate is not kept as "the first correct
-    version": it must beat the kept row's recorded latency."""
-    r = runs["breaks_kept"]
+def test_the_kept_version_runs_from_memory_and_unpaired_candidates_face_its_record(runs):
+    """A candidate cannot slow the kept version down by rewriting a copy of it (there is none on
+    disk); with no kept version to time beside it, a candidate is not kept as "the first correct
+    version" but must beat the kept row's recorded latency."""
+    r = runs["kept_version"]
     assert r["kept"]["keys"]["status"] == "keep", r["kept"]["stdout"]
-    run = r["run"]
-    assert run["rc"] == 0, run["stderr"][-2000:]
-    assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert", \
-        run["stdout"]
-    why = run["keys"]["keep_rule"]
-    assert "could not be timed (it does not import" in why and "recorded 1.0 us" in why, why
+    for name in ("attack", "unpaired"):
+        run = r[name]
+        assert run["rc"] == 0, run["stderr"][-2000:]
+        assert run["keys"]["correctness"] == "PASS" and run["keys"]["status"] == "revert", \
+            run["stdout"]
+    attack = r["attack"]["keys"]
+    assert attack["kept_rounds_us"] and "slower than the kept version" in attack["keep_rule"]
+    why = r["unpaired"]["keys"]["keep_rule"]
+    assert "could not be timed (its source is not in git)" in why and "recorded 1.0 us" in why
     assert r["head_after"] == r["head"] and r["status"] == ""  # kernel.py back to the kept one
 
 

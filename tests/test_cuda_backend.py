@@ -61,7 +61,7 @@ def built(tmp_path_factory):
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             modules = dict(zip((p.stem for p in paths), pool.map(load, paths)))
-        yield modules, _children_cpu_s() - before
+        yield modules, _children_cpu_s() - before, cuda_build.CACHE_DIR
     finally:
         cuda_build.CACHE_DIR = saved_cache
         if saved_arch is None:
@@ -90,9 +90,31 @@ def test_cuda_starter_compiles_for_hopper_and_keeps_the_contract(built, kernel_t
 @needs_nvcc
 def test_all_nine_compile_within_a_minute(built):
     """Within a minute of compiler time: one core does them all in under a minute."""
-    modules, seconds = built
+    modules, seconds, _ = built
     assert all(not isinstance(modules[t], Exception) for t in autokernel.KERNEL_TYPE_NAMES)
     assert seconds < COMPILE_BUDGET_S, f"compiling the CUDA starters took {seconds:.0f} s of CPU"
+
+
+@needs_nvcc
+def test_a_cuda_kernel_file_loaded_from_memory_reuses_its_build(built, monkeypatch):
+    """The kept version's process loads its file from memory: the same text, the same #line,
+    so the same build (no nvcc run), and compile errors still name the file's line."""
+    monkeypatch.setattr(cuda_build, "CACHE_DIR", built[2])
+    keys = []
+    build = cuda_build._build
+    monkeypatch.setattr(cuda_build, "_build", lambda text, key, *rest: keys.append(key) or
+                        build(text, key, *rest))
+    path = CUDA_DIR / "reduce.py"
+    load_module(path)
+    load_module(autokernel.WORKSPACE / "no_such_dir" / "kept_version.py",
+                source=path.read_text())
+    assert len(keys) == 2 and keys[0] == keys[1]
+    broken = (PLANTED / "compile_error.py").read_text()
+    line = next(n for n, text in enumerate(broken.splitlines(), start=1)
+                if "undeclared_name;" in text)
+    with pytest.raises(cuda_build.CudaBuildError, match=f"kept_version.py line {line + 1}:"):
+        load_module(autokernel.WORKSPACE / "no_such_dir" / "kept_version.py",
+                    source="# one line further down\n" + broken)
 
 
 @needs_nvcc

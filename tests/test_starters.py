@@ -23,3 +23,15 @@ def test_starter_passes_the_gate(path):
     result = gate.check(Runner(module.kernel_fn), plan)
     assert result["correctness"] == "PASS", result["reason"]
     assert all(status == "PASS" for status in result["stages"].values()), result["stages"]
+
+
+def test_a_kernel_file_loads_from_memory():
+    """How the kept version's process loads it (bench.py keeps no copy on disk): from its text,
+    under a path that does not exist; triton.jit still reads its kernels' source."""
+    import torch
+    text = (autokernel.KERNELS_DIR / "softmax.py").read_text()
+    module = load_module(autokernel.WORKSPACE / "no_such_dir" / "kept_version.py", source=text)
+    x = torch.randn(4, 128)
+    torch.testing.assert_close(module.kernel_fn(x), torch.softmax(x, -1), atol=1e-4, rtol=1e-4)
+    with pytest.raises(FileNotFoundError):
+        load_module(autokernel.WORKSPACE / "no_such_dir" / "kept_version.py")
