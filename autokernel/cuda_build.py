@@ -126,6 +126,7 @@ def _first_line(frame, source):
     """The kernel file's line where the source's first line is (1 if not found verbatim). The
     file's text through linecache: a kernel file loaded from memory (the kept version's) has no
     file, but its loader has the text, so its build key is the one its file had."""
+    linecache.checkcache(frame.f_code.co_filename)  # a file edited since it was last read
     text = "".join(linecache.getlines(frame.f_code.co_filename, frame.f_globals))
     at = text.find(source)
     return text.count("\n", 0, at) + 1 if at >= 0 else 1
