@@ -149,7 +149,7 @@ def paired_rounds(candidate, kept, case, start_idle=None):
     kept_times = times["kept"] if runners["kept"] is not None else None
     return {"candidate": times["candidate"], "kept": kept_times, "claimed": [claimed],
             "reply": reply, "graph": graph, "kept_dropped": dropped, "sets": len(sets),
-            "floor_us": floor_s * 1e6, "floor_why": _flush.get("floor_why", "")}
+            "floor_us": floor_s * 1e6, "floor_why": _state.get("floor_why", "")}
 
 
 class KeptDropped(Exception):
@@ -212,6 +212,7 @@ def trusted_window_us(fn, case, guess_us):
     times = []
     for r in range(-WARMUP_ROUNDS, ROUNDS):
         refresh(case, sets)
+        flush_l2()
         start = time.perf_counter()
         if graph is not None:
             graph.replay()
@@ -259,14 +260,14 @@ def window_sets(case, claimed_us, runners):
 
 
 def refresh(case, sets):
-    """New random values in every set, in place (the kernel's processes hold these tensors),
-    then an L2 flush. Returns the seeds that make each set again."""
+    """New random values in every set, in place (the kernel's processes hold these tensors).
+    Returns the seeds that make each set again. The L2 flush comes later, right before the
+    clock starts (window_us, trusted_window_us)."""
     seeds = [fresh_seed() for _ in sets]
     for held, seed in zip(sets, seeds):
         for key, t in case.make(seed).items():
             if isinstance(t, torch.Tensor):
                 held[key].copy_(t)
-    flush_l2()
     return seeds
 
 
@@ -308,13 +309,13 @@ def window_floor_s(start_idle):
     judge's GPU work and ending with the judge's reads of SAMPLED_OUTPUTS outputs, as every real
     window does; the fastest counts. Measured once a run; 0 without an idle runner (a CPU,
     where a window takes seconds and the floor ~0.1 ms) or when it fails to start
-    (_flush["floor_why"] says why)."""
-    if "floor" not in _flush:
-        floor, _flush["floor_why"] = 0.0, "no idle kernel"
+    (_state["floor_why"] says why)."""
+    if "floor" not in _state:
+        floor, _state["floor_why"] = 0.0, "no idle kernel"
         try:
             runner = start_idle() if start_idle is not None else None
         except TimingError as e:  # nothing subtracted: the honest error's direction
-            runner, _flush["floor_why"] = None, str(e)
+            runner, _state["floor_why"] = None, str(e)
         if runner is not None:
             try:
                 case = idle_case()  # as many outputs as a window's reads pick: the same reads
@@ -326,11 +327,11 @@ def window_floor_s(start_idle):
                     walls.append(window_us(runner, len(sets), "idle", outputs, 0.0)[0]
                                  * len(sets))
                 floor = min(walls) / 1e6
-                _flush["floor_why"] = "" if floor > 0 else "the idle kernel's windows read 0"
+                _state["floor_why"] = "" if floor > 0 else "the idle kernel's windows read 0"
             finally:
                 runner.stop()
-        _flush["floor"] = floor
-    return _flush["floor"]
+        _state["floor"] = floor
+    return _state["floor"]
 
 
 def idle_case():
@@ -385,7 +386,9 @@ def mapped_range(ptr):
     answer, cuMemGetAddressRange)."""
     import ctypes
     base, length = ctypes.c_uint64(), ctypes.c_size_t()
-    driver = _flush.setdefault("libcuda", ctypes.CDLL("libcuda.so.1"))
+    if "libcuda" not in _state:
+        _state["libcuda"] = ctypes.CDLL("libcuda.so.1")
+    driver = _state["libcuda"]
     rc = driver.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(length),
                                         ctypes.c_uint64(ptr))
     if rc != 0:
@@ -449,15 +452,15 @@ def crosscheck(claimed_us, judged_us, who="the kernel's process"):
             f"{CROSSCHECK_SLACK_US:g} us): timed differently from how it ran")
 
 
-_flush = {}
+_state = {}  # once a process: the flush buffer, the window floor, the CUDA driver
 
 
 def flush_l2():
     """Evict the L2 cache from this process (the cache is the GPU's, shared by every process)."""
     if ak.CUDA:
-        buf = _flush.setdefault("buf", torch.empty(FLUSH_BYTES // 4, dtype=torch.int32,
-                                                    device="cuda"))
-        buf.zero_()
+        if "buf" not in _state:
+            _state["buf"] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        _state["buf"].zero_()
         torch.cuda.synchronize()
 
 

@@ -677,7 +677,7 @@ def test_the_window_floor_is_the_fastest_idle_window_and_is_subtracted(monkeypat
     is taken once a run, and leaves the clock; without an idle runner nothing is subtracted."""
     import bench
     from autokernel import timing
-    monkeypatch.setattr(timing, "_flush", {})
+    monkeypatch.setattr(timing, "_state", {})
     monkeypatch.setattr(timing, "FLOOR_WINDOWS", 3)
     started = []
 
@@ -688,13 +688,13 @@ def test_the_window_floor_is_the_fastest_idle_window_and_is_subtracted(monkeypat
     assert 0 < floor < 5 and timing.window_floor_s(start_idle) == floor and len(started) == 1
     assert not started[0].proc.is_alive()
     bench.ChildRunner.started.remove(started[0])
-    monkeypatch.setattr(timing, "_flush", {})
+    monkeypatch.setattr(timing, "_state", {})
     assert timing.window_floor_s(None) == 0.0
 
     def broken():
         raise timing.TimingError("the idle kernel did not load: ImportError")
-    monkeypatch.setattr(timing, "_flush", {})
-    assert timing.window_floor_s(broken) == 0.0 and "ImportError" in timing._flush["floor_why"]
+    monkeypatch.setattr(timing, "_state", {})
+    assert timing.window_floor_s(broken) == 0.0 and "ImportError" in timing._state["floor_why"]
 
 
 # ---- the judge's reading of a child's output descriptions -----------------------------------
