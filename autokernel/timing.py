@@ -328,6 +328,8 @@ def window_floor_s(start_idle):
                                  * len(sets))
                 floor = min(walls) / 1e6
                 _state["floor_why"] = "" if floor > 0 else "the idle kernel's windows read 0"
+            except Exception as e:  # noqa: BLE001  (the judge's own kernel: not the candidate's)
+                _state["floor_why"] = f"the idle kernel failed: {e}"
             finally:
                 runner.stop()
         _state["floor"] = floor

@@ -696,6 +696,17 @@ def test_the_window_floor_is_the_fastest_idle_window_and_is_subtracted(monkeypat
     monkeypatch.setattr(timing, "_state", {})
     assert timing.window_floor_s(broken) == 0.0 and "ImportError" in timing._state["floor_why"]
 
+    class Dies:  # started, then gone mid-measurement: the floor is 0, not the candidate's fault
+        def arm(self, sets, slots):
+            raise bench.ChildGone("CRASH", "child process died")
+
+        def stop(self):
+            self.stopped = True
+    dies = Dies()
+    monkeypatch.setattr(timing, "_state", {})
+    assert timing.window_floor_s(lambda: dies) == 0.0 and dies.stopped
+    assert "idle kernel failed: child process died" in timing._state["floor_why"]
+
 
 # ---- the judge's reading of a child's output descriptions -----------------------------------
 
