@@ -13,8 +13,8 @@ look faster:
   process fills the judge's slots) and checks each against the oracle of its set, and the early
   reads against the copies: no call can be skipped, answered from a cache or left running after
   the answer without failing (or, for a few calls, a good chance of failing);
-- nothing the kernel's process could leave out is subtracted from the wall clock (the old clock
-  subtracted flushes the process was trusted to run): only the floor of a window, what any
+- nothing the kernel's process could leave out is subtracted from the wall clock (subtracting
+  work it was trusted to do would reward skipping it): only the floor of a window, what any
   process pays for one and none can beat (the pipe both ways, the GPU switching from the judge's
   context to the kernel's and back for the reads), measured as the fastest of many windows of an
   idle kernel of the judge's own (one tiny copy) in its own process. While a window runs, the

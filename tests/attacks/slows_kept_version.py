@@ -1,5 +1,5 @@
-"""Attack: at import, rewrites any copy of the kept version it finds on disk (where the judge
-used to write one for the kept version's process) so that it does its work four times. Timed
+"""Attack: at import, rewrites any copy of the kept version it finds on disk (a temporary file
+the judge could write for the kept version's process) so that it does its work four times. Timed
 beside a slowed kept version, this candidate, itself twice as slow as the kept version, would be
 kept. The judge hands the kept version's source to its process in memory: nothing to rewrite,
 the candidate is timed against the kept version as it is and reverted."""
