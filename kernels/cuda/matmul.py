@@ -36,9 +36,13 @@ Three kernels, picked per call (`path` overrides it, for tuning and checks):
 
 Deterministic: no atomics and no split-K; each C element is summed by one thread in a fixed order.
 
+Tried and no faster on the H100 at 4096^3 fp16: clusters of two blocks on vertically adjacent
+tiles, each loading half of their shared B tile multicast into both (207.5 us, against 205.5
+for single blocks and 202.8 for cuBLAS in the same run): the kernel is not short of L2
+bandwidth. (The consumers' arrive on the other block's barrier must not be a release at cluster
+scope: that fence per k-tile made it 323 us.)
 Things to try: two consumer pairs ping-ponging so one's epilogue hides under the other's MMAs,
-clusters of 2 with TMA multicast of the shared A tile, 128x128 tiles when N leaves a 256-wide
-last column half empty, split-K for tiny M.
+128x128 tiles when N leaves a 256-wide last column half empty, split-K for tiny M.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/matmul.py     # on a GPU machine

@@ -3,8 +3,8 @@ Softmax over the last dim of x[M, N], in CUDA C++. Starter kernel for AutoKernel
 (BACKEND = "cuda"). Math in fp32 (max-subtracted, so huge inputs do not overflow); the output
 has x's dtype.
 
-One read and one write of x, what a copy costs, for rows up to 128K 16-bit elements (64K
-floats):
+One read and one write of x, what a copy costs, for rows up to 8 blocks' shared memory (~450K
+16-bit elements on Hopper). Rows up to 16K 16-bit elements (8K floats) stay in registers:
   * A group of G threads owns a row (G a multiple of 32, up to 1024; blockDim.y rows per block
     when rows are short). Each thread loads two 16-byte chunks of it (8 halves or 4 floats
     each) up front, interleaved across the group so that a warp's load reads 512 contiguous
@@ -16,26 +16,28 @@ floats):
   * Then the row max (a warp-shuffle butterfly, then the warps' partials through shared memory,
     in warp order: bitwise deterministic), the sum of exp(x - max), and the output exp(x - max)
     / sum, computed again rather than kept (registers are what limit the threads in flight).
-  * A row longer than 1024 threads' chunks is split over a cluster of 2 to 8 blocks (Hopper's
-    thread-block clusters, which run together on neighbouring SMs): each block reduces its
-    slice to (max, sum of exp) and reads the other blocks' pairs from their shared memory
-    (distributed shared memory), merged in rank order. The row moves once, but the blocks wait
-    for one another: 4096x50257 fp16 runs 508 us on an H100, where torch takes 388 and the
-    Triton starter (slices that exchange their pairs through global memory) 289.
   * Rows that start off a 16-byte boundary (N = 50257: every other row) are cut at the
     boundaries: chunk k starts at element 8k - lead, whole chunks are aligned vectors, and only
     the partial chunks at the row's two ends go element by element.
-Longer rows (and GPUs without clusters, before Hopper) take a two-pass kernel: one block of
-1024 threads per row keeps a running max and a sum of exp rescaled to it (online softmax),
-then re-reads the row (mostly from L2) to write it. exp is exp2f: of x * log2(e) - max * log2(e)
-(one FMA) in the rows kernel, of (x - max) * log2(e) in the two-pass one.
+Rows longer than 1024 threads' chunks go through shared memory: a block copies the row into it
+with cp.async (global to shared without registers, every copy issued before the first wait),
+so a block has its whole row in flight and two or three blocks share an SM, one's loads
+overlapping another's math. The row is then read from shared memory for the max, the sum and
+the output. On Hopper, a row too long for two blocks an SM is split over a cluster of 2 to 8
+blocks (thread-block clusters run together on neighbouring SMs), which merge their slices'
+(max, sum of exp) through distributed shared memory. Rows past that (and rows past one block's
+shared memory before Hopper) take a two-pass kernel: one block of 1024 threads per row keeps a
+running max and a sum of exp rescaled to it (online softmax), then re-reads the row (mostly
+from L2) to write it. exp is exp2f: of x * log2(e) - max * log2(e) (one FMA) where the max is
+known first, of (x - max) * log2(e) in the two-pass kernel.
 
 Tried and slower on the H100 at 8192x8192: a persistent grid that loads a row group's next row
 while it reduces this one (100 -> 103-114 us: the second row's registers cost occupancy or
 spill), and one reduction of (max, sum) pairs instead of two (125 us: the warps' pairs merge
-one after another, two exp each).
-Things to try: the long rows' slices in shared memory (TMA bulk loads) with more blocks an SM,
-or their pairs exchanged through global memory as the Triton starter does.
+one after another, two exp each). Long rows held in registers over a cluster of 8 blocks
+waited on one another: 4096x50257 fp16 489 us on an H200, against 236 through shared memory.
+Things to try: TMA bulk copies instead of cp.async; rows of 8192 through shared memory with
+small blocks (more bytes in flight an SM than registers allow).
 
 Usage:
   uv run bench.py --kernel kernels/cuda/softmax.py     # on a GPU machine
@@ -48,10 +50,12 @@ KERNEL_TYPE = "softmax"
 BACKEND = "cuda"
 
 # Launch shape, for tuning (0: the defaults the docstring describes). THREADS_PER_ROW: threads
-# that share a row (a multiple of 32, at most 1024; fewer than the row needs is ignored).
-# ROWS_PER_BLOCK: rows a block holds (at most 1024 / threads per row).
+# that share a row (a multiple of 32, at most 1024; in registers, fewer than the row needs is
+# ignored). ROWS_PER_BLOCK: rows a block holds in registers (at most 1024 / threads per row).
+# PATH: 1 rows through shared memory wherever they fit, 2 never.
 THREADS_PER_ROW = 0
 ROWS_PER_BLOCK = 0
+PATH = 0
 
 CUDA_SRC = r"""
 #include <cooperative_groups.h>
@@ -223,23 +227,19 @@ __device__ __forceinline__ float2 merge(float2 a, float2 b) {
     return make_float2(m, a.y * exp2f((a.x - m) * LOG2E) + b.y * exp2f((b.x - m) * LOG2E));
 }
 
-// One row per group of blockDim.x threads, or per cluster of `cluster` blocks (blockDim.y is
-// then 1): each thread holds VPT chunks of its block's slice of the row. 32 registers a thread
-// (2048 threads an SM) in every mode: the partial chunks' element-by-element code is not
-// inlined, so it costs the aligned chunks nothing.
+// One row per group of blockDim.x threads (blockDim.y rows a block): each thread holds VPT
+// chunks of the row. 32 registers a thread (2048 threads an SM) in every mode: the partial
+// chunks' element-by-element code is not inlined, so it costs the aligned chunks nothing.
 template <typename T, Mode MODE>
 __global__ void __launch_bounds__(1024, 2)
 softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, long long sx,
-             long long sy, int cluster) {
+             long long sy) {
     constexpr int E = Chunk<T>::E;
     __shared__ float partial[32];
-    __shared__ float2 block_stats;  // this block's (max, sum), read by the cluster's blocks
-    const int rank = cluster > 1 ? (int)(blockIdx.x % cluster) : 0;
-    const long long row = cluster > 1 ? (long long)(blockIdx.x / cluster)
-                                      : (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     const bool live = row < rows;  // a short last block still joins the reductions
     const T* xr = x + (live ? row : 0) * sx;
-    const int first = (rank * VPT * blockDim.x + threadIdx.x) * E - lead_of<T, MODE>(xr);
+    const int first = threadIdx.x * E - lead_of<T, MODE>(xr);
     const float minus_inf = -CUDART_INF_F;  // adds nothing to a max or a sum of exp
     Chunk<T> v[VPT];
 #pragma unroll
@@ -251,14 +251,80 @@ softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, 
 #pragma unroll
         for (int i = 0; i < E; ++i) m = fmaxf(m, v[c].get(i));
     m = group_reduce<true>(m, partial);
-    // One FMA a element: the rounding of m * log2(e) scales every exp of the slice alike,
-    // and the division by their sum cancels it.
+    // One FMA a element: the rounding of m * log2(e) scales every exp of the row alike, and
+    // the division by their sum cancels it.
+    const float m2 = m * LOG2E;
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < VPT; ++c)
+#pragma unroll
+        for (int i = 0; i < E; ++i) s += exp2f(fmaf(v[c].get(i), LOG2E, -m2));
+    const float inv = 1.f / group_reduce<false>(s, partial);
+    if (live) {
+        T* yr = y + row * sy;
+#pragma unroll
+        for (int c = 0; c < VPT; ++c) {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[c].set(i, exp2f(fmaf(v[c].get(i), LOG2E, -m2)) * inv);
+            store_chunk<T, MODE>(yr, first + c * blockDim.x * E, n, v[c]);
+        }
+    }
+}
+
+// A 16-byte copy from global to shared memory that bypasses the registers (cp.async, sm_80+),
+// its L2 line marked evict-first like load_last's.
+__device__ __forceinline__ void copy_last_async(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem), "l"(policy)
+                 : "memory");
+#endif
+}
+
+// Rows too long for one block's registers: each block copies its slice of the row (the whole
+// row, or 1/cluster of it) into shared memory with cp.async, every copy issued before any is
+// waited for, then reads it there three times (max, sum of exp, output). The copies take no
+// registers, so a block has its whole slice in flight (100 KB for a row of 50257 halves) and
+// two or more blocks share an SM: one's loads overlap another's reductions and stores. A row
+// over a cluster (Hopper's thread-block clusters, which run together on neighbouring SMs)
+// merges its blocks' (max, sum of exp) through distributed shared memory, in rank order.
+template <typename T, Mode MODE>
+__global__ void __launch_bounds__(1024, 2)
+softmax_smem(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, long long sy,
+             int chunks, int cluster) {
+    constexpr int E = Chunk<T>::E;
+    extern __shared__ uint4 slice[];
+    __shared__ float partial[32];
+    __shared__ float2 block_stats;  // this block's (max, sum), read by the cluster's blocks
+    const long long row = blockIdx.x / cluster;
+    const int per_block = (chunks + cluster - 1) / cluster;
+    const int begin = (int)(blockIdx.x % cluster) * per_block;
+    const int count = min(per_block, chunks - begin);
+    const T* xr = x + row * sx;
+    const int lead = lead_of<T, MODE>(xr);
+    for (int k = threadIdx.x; k < count; k += blockDim.x) {
+        const int start = (begin + k) * E - lead;
+        if (MODE != SCALAR && start >= 0 && start + E <= n) copy_last_async(&slice[k], xr + start);
+        else slice[k] = load_partial(xr, start, n, -CUDART_INF_F).raw;  // the row's two ends
+    }
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    float m = -CUDART_INF_F;
+    for (int k = threadIdx.x; k < count; k += blockDim.x) {
+        const Chunk<T> v{slice[k]};
+#pragma unroll
+        for (int i = 0; i < E; ++i) m = fmaxf(m, v.get(i));
+    }
+    m = group_reduce<true>(m, partial);
     float m2 = m * LOG2E, s = 0.f;
-    if (m != -CUDART_INF_F) {  // a block's slice of a masked row may hold nothing but -inf
+    if (m != -CUDART_INF_F) {  // one block's slice of a masked row may hold nothing but -inf
+        for (int k = threadIdx.x; k < count; k += blockDim.x) {
+            const Chunk<T> v{slice[k]};
 #pragma unroll
-        for (int c = 0; c < VPT; ++c)
-#pragma unroll
-            for (int i = 0; i < E; ++i) s += exp2f(fmaf(v[c].get(i), LOG2E, -m2));
+            for (int i = 0; i < E; ++i) s += exp2f(fmaf(v.get(i), LOG2E, -m2));
+        }
     }
     s = group_reduce<false>(s, partial);
 #if __CUDA_ARCH__ >= 900  // clusters are Hopper's; older GPUs are only launched with cluster 1
@@ -278,22 +344,21 @@ softmax_rows(const T* __restrict__ x, T* __restrict__ y, long long rows, int n, 
     }
 #endif
     const float inv = 1.f / s;
-    if (live) {
-        T* yr = y + row * sy;
+    T* yr = y + row * sy;
+    for (int k = threadIdx.x; k < count; k += blockDim.x) {
+        Chunk<T> v{slice[k]};
 #pragma unroll
-        for (int c = 0; c < VPT; ++c) {
-#pragma unroll
-            for (int i = 0; i < E; ++i) v[c].set(i, exp2f(fmaf(v[c].get(i), LOG2E, -m2)) * inv);
-            store_chunk<T, MODE>(yr, first + c * blockDim.x * E, n, v[c]);
-        }
+        for (int i = 0; i < E; ++i) v.set(i, exp2f(fmaf(v.get(i), LOG2E, -m2)) * inv);
+        store_chunk<T, MODE>(yr, (begin + k) * E - lead, n, v);
     }
 #if __CUDA_ARCH__ >= 900
     if (cluster > 1) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 
-// Rows too long for a cluster's registers: a running max and a sum of exp rescaled to it per
-// thread (online softmax), then a second pass that re-reads the row, mostly from L2.
+// Rows longer than 8 blocks' shared memory (or than one block's, before Hopper): a running
+// max and a sum of exp rescaled to it per thread (online softmax), then a second pass that
+// re-reads the row, mostly from L2.
 template <typename T, Mode MODE>
 __global__ void __launch_bounds__(1024)
 softmax_long(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, long long sy) {
@@ -327,52 +392,70 @@ softmax_long(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, lo
     }
 }
 
-// Threads a row: enough for VPT chunks each, a multiple of 32; rows past 1024 threads span a
-// cluster of 2, 4 or 8 blocks (Hopper) or take the two-pass kernel.
+// softmax_smem's blocks a row for a row of `chunks` chunks: the fewest (1, or 2 to 8 in a
+// cluster on Hopper) whose slices let two blocks share an SM, else the fewest that fit one
+// block's shared memory; 0 when none do.
+inline int smem_blocks_per_row(long long chunks) {
+    int device = 0, per_block = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    const int most = AUTOKERNEL_SM >= 90 ? MAX_CLUSTER : 1;
+    for (int blocks_an_sm = 2; blocks_an_sm >= 1; --blocks_an_sm)
+        for (int c = 1; c <= most; c *= 2) {
+            const long long bytes = (chunks + c - 1) / c * 16;
+            if (bytes <= per_block && blocks_an_sm * (bytes + 1024) <= per_sm) return c;
+        }
+    return 0;
+}
+
+// Rows of at most VPT * 1024 chunks: softmax_rows, threads enough for VPT chunks each (a
+// multiple of 32). Longer ones: softmax_smem where its slices fit (sm_80 and newer), else
+// softmax_long. path 1 takes softmax_smem for any row that fits, path 2 never (for tuning).
 template <typename T, Mode MODE>
 int launch(const T* x, T* y, long long rows, int n, long long sx, long long sy, int chunks,
-           int tpr, int rpb, cudaStream_t stream) {
-    int cluster = 1;
-#if AUTOKERNEL_SM >= 90
-    // Where the row needs a cluster anyway, as many blocks as keep them at 512 threads or
-    // fewer (8 at most, then up to 1024 threads each): more of them share an SM, so one block's
-    // loads overlap another's cluster barriers (4096x50257 fp16: 8 blocks of 416 threads ran
-    // 510 us, 4 of 800 532).
-    if ((long long)VPT * 1024 < chunks)
-        for (cluster = 2; cluster < MAX_CLUSTER && (long long)VPT * 512 * cluster < chunks;)
-            cluster *= 2;
+           int tpr, int rpb, int path, cudaStream_t stream) {
+    const bool tpr_ok = tpr >= 32 && tpr <= 1024 && tpr % 32 == 0;
+#if AUTOKERNEL_SM >= 80
+    if (((long long)VPT * 1024 < chunks || path == 1) && path != 2) {
+        const int cluster = smem_blocks_per_row(chunks);
+        if (cluster > 0 && rows * cluster <= 0x7fffffffLL) {
+            const int bytes = (chunks + cluster - 1) / cluster * 16;
+            cudaFuncSetAttribute(softmax_smem<T, MODE>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            cudaLaunchConfig_t config = {};
+            cudaLaunchAttribute attribute[1];
+            attribute[0].id = cudaLaunchAttributeClusterDimension;
+            attribute[0].val.clusterDim.x = cluster;
+            attribute[0].val.clusterDim.y = 1;
+            attribute[0].val.clusterDim.z = 1;
+            config.gridDim = dim3((unsigned)(rows * cluster));
+            config.blockDim = dim3(tpr_ok ? tpr : 512);
+            config.dynamicSmemBytes = bytes;
+            config.stream = stream;
+            config.attrs = attribute;
+            config.numAttrs = cluster > 1;
+            return (int)cudaLaunchKernelEx(&config, softmax_smem<T, MODE>, x, y, n, sx, sy,
+                                           chunks, cluster);
+        }
+    }
 #endif
-    if ((long long)VPT * 1024 * cluster < chunks || rows * cluster > 0x7fffffffLL) {
+    if ((long long)VPT * 1024 < chunks) {
         softmax_long<T, MODE><<<(unsigned)rows, 1024, 0, stream>>>(x, y, n, sx, sy);
         return (int)cudaGetLastError();
     }
-    int g = ((chunks + VPT * cluster - 1) / (VPT * cluster) + 31) / 32 * 32;
-    if (cluster > 1) {
-        cudaLaunchConfig_t config = {};
-        cudaLaunchAttribute attribute[1];
-        attribute[0].id = cudaLaunchAttributeClusterDimension;
-        attribute[0].val.clusterDim.x = cluster;
-        attribute[0].val.clusterDim.y = 1;
-        attribute[0].val.clusterDim.z = 1;
-        config.gridDim = dim3((unsigned)(rows * cluster));
-        config.blockDim = dim3(g);
-        config.stream = stream;
-        config.attrs = attribute;
-        config.numAttrs = 1;
-        return (int)cudaLaunchKernelEx(&config, softmax_rows<T, MODE>, x, y, rows, n, sx, sy,
-                                       cluster);
-    }
-    if (tpr >= g && tpr <= 1024 && tpr % 32 == 0) g = tpr;  // tuning: more threads a row
+    int g = ((chunks + VPT - 1) / VPT + 31) / 32 * 32;
+    if (tpr_ok && tpr >= g) g = tpr;  // tuning: more threads a row
     int per_block = g >= 256 ? 1 : 256 / g;
     if (rpb > 0) per_block = rpb < 1024 / g ? rpb : 1024 / g;
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(g, per_block);
-    softmax_rows<T, MODE><<<grid, block, 0, stream>>>(x, y, rows, n, sx, sy, 1);
+    softmax_rows<T, MODE><<<grid, block, 0, stream>>>(x, y, rows, n, sx, sy);
     return (int)cudaGetLastError();
 }
 
 template <typename T>
 int dispatch(const void* x, void* y, long long rows, int n, long long sx, long long sy,
-             int tpr, int rpb, cudaStream_t stream) {
+             int tpr, int rpb, int path, cudaStream_t stream) {
     constexpr int E = Chunk<T>::E;
     const long long es = sizeof(T);
     const auto off = [](const void* p) { return (uintptr_t)p % 16; };
@@ -380,20 +463,25 @@ int dispatch(const void* x, void* y, long long rows, int n, long long sx, long l
     T* yt = (T*)y;
     if (off(x) == 0 && off(y) == 0 && (n * es) % 16 == 0 && (sx * es) % 16 == 0 &&
         (sy * es) % 16 == 0)
-        return launch<T, ALIGNED>(xt, yt, rows, n, sx, sy, n / E, tpr, rpb, stream);
+        return launch<T, ALIGNED>(xt, yt, rows, n, sx, sy, n / E, tpr, rpb, path,
+                                  stream);
     if (off(x) == off(y) && (sx * es) % 16 == (sy * es) % 16)  // rows sit alike: one more chunk
-        return launch<T, LEAD>(xt, yt, rows, n, sx, sy, (n + 2 * E - 2) / E, tpr, rpb, stream);
-    return launch<T, SCALAR>(xt, yt, rows, n, sx, sy, (n + E - 1) / E, tpr, rpb, stream);
+        return launch<T, LEAD>(xt, yt, rows, n, sx, sy, (n + 2 * E - 2) / E, tpr, rpb,
+                                path, stream);
+    return launch<T, SCALAR>(xt, yt, rows, n, sx, sy, (n + E - 1) / E, tpr, rpb, path,
+                                  stream);
 }
 
-// dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES). tpr, rpb: threads a row
-// and rows a block (0: the defaults).
+// dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES). tpr, rpb, path: threads a
+// row, rows a block and the path (0: the defaults; see launch).
 extern "C" int softmax(const void* x, void* y, long long rows, int n, long long sx,
-                       long long sy, int dtype, int tpr, int rpb, cudaStream_t stream) {
+                       long long sy, int dtype, int tpr, int rpb, int path,
+                       cudaStream_t stream) {
     switch (dtype) {
-        case 0: return dispatch<float>(x, y, rows, n, sx, sy, tpr, rpb, stream);
-        case 1: return dispatch<__half>(x, y, rows, n, sx, sy, tpr, rpb, stream);
-        case 2: return dispatch<__nv_bfloat16>(x, y, rows, n, sx, sy, tpr, rpb, stream);
+        case 0: return dispatch<float>(x, y, rows, n, sx, sy, tpr, rpb, path, stream);
+        case 1: return dispatch<__half>(x, y, rows, n, sx, sy, tpr, rpb, path, stream);
+        case 2: return dispatch<__nv_bfloat16>(x, y, rows, n, sx, sy, tpr, rpb, path,
+                                               stream);
     }
     return (int)cudaErrorInvalidValue;
 }
@@ -402,7 +490,7 @@ extern "C" int softmax(const void* x, void* y, long long rows, int n, long long 
 _lib = cuda_build.load(CUDA_SRC)
 
 
-def softmax(x, threads_per_row=THREADS_PER_ROW, rows_per_block=ROWS_PER_BLOCK):
+def softmax(x, threads_per_row=THREADS_PER_ROW, rows_per_block=ROWS_PER_BLOCK, path=PATH):
     n = x.shape[-1]
     if x.stride(-1) != 1:
         x = x.contiguous()  # the rows must be contiguous (a no-op when they are)
@@ -410,7 +498,7 @@ def softmax(x, threads_per_row=THREADS_PER_ROW, rows_per_block=ROWS_PER_BLOCK):
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if y.numel():
         _lib.softmax(x2, y, x2.shape[0], n, x2.stride(0), y.stride(0), x.dtype,
-                     threads_per_row, rows_per_block)
+                     threads_per_row, rows_per_block, path)
     return y.view(x.shape)
 
 
