@@ -356,13 +356,15 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 # model launches these kernels hundreds of times a forward.
 @functools.lru_cache(maxsize=None)
 def pick_config(M, N, K, dtype, gated):
-    """Tiles per GEMM (triton 3.6). The gated GEMM holds two accumulators: 128x64 tiles on 4
-    warps, one tile per program, beat 128x128 on 8 (605 vs 684-748 us at 2048x4096x11008, H100)
-    and beat a persistent grid by 1.1-2x (H200: its epilogue is short next to two K loops).
-    3 stages at K = 768-2048 (272 vs 309 us at 16384x768x3072, 879 vs 1056 at 8192x2048x8192,
-    H200), 4 at K = 4096 (4% faster, H100). The down projection runs persistent above
-    PERSISTENT_MIN_MACS, 128x256 on 8 warps, 3 stages: 1.0x / 0.96x / 0.98x cuBLAS at
-    16384x3072x768 / 8192x8192x2048 / 8192x4864x896, against 0.86-0.93x one tile a program."""
+    """Tiles per GEMM for the Triton kernels (triton 3.6), which take the gated GEMM where the
+    Gluon kernel does not (off Hopper, fp32, odd strides). The gated GEMM holds two accumulators:
+    128x64 tiles on 4 warps, one tile per program, beat 128x128 on 8 (605 vs 684-748 us at
+    2048x4096x11008, H100) and beat a persistent grid by 1.1-2x (H200: its epilogue is short
+    next to two K loops). 3 stages at K = 768-2048 (272 vs 309 us at 16384x768x3072, 879 vs
+    1056 at 8192x2048x8192, H200), 4 at K = 4096 (4% faster, H100). The down projection runs
+    persistent above PERSISTENT_MIN_MACS, 128x256 on 8 warps, 3 stages: 1.0x / 0.96x / 0.98x
+    cuBLAS at 16384x3072x768 / 8192x8192x2048 / 8192x4864x896, against 0.86-0.93x one tile a
+    program."""
     if dtype == torch.float32:  # 4-byte operands, three products per tf32x3 dot
         return dict(BLOCK_M=128, BLOCK_N=64 if gated else 128, BLOCK_K=32, GROUP_M=8,
                     num_warps=8, num_stages=3)
@@ -379,7 +381,8 @@ def pick_config(M, N, K, dtype, gated):
 
 
 # Half-precision down projections with at least this many multiply-adds run persistent on a GPU
-# with TMA (device-built descriptors); below it the launch's host time bounds the call.
+# with TMA (device-built descriptors), and gated GEMMs the Gluon kernel on Hopper; below it the
+# launch's host time bounds the call.
 PERSISTENT_MIN_MACS = 2 ** 30
 # fp32 takes the one-tile TMA kernel above this size: a launch with host tensor descriptors
 # took ~50 us of host time on an H100 (triton 3.6), more than it saves below.
@@ -465,17 +468,24 @@ def _gl_layout(block, dtype):
 
 
 # The gated Gluon kernel's schedule: 128 columns of gate and of up a tile (two 64x128
-# accumulators a warpgroup: the 128 registers of a thread that one 64x256 tile takes).
+# accumulators a warpgroup: the 128 registers of a thread that one 64x256 tile takes). Four
+# stages of x, w_gate and w_up tiles and the two h buffers fill 224 of a Hopper block's 227 KB
+# of shared memory: a fifth stage or wider tiles need fewer stages.
 GATED_HOPPER_CONFIG = dict(COOP=True, BLOCK_N=128, STAGES=4, GROUP_M=8)
 
 
 def _gated_hopper_ok(a, w1, w2, c):
-    """The gated Gluon kernel's operands: half precision on a Hopper GPU, at least
-    PERSISTENT_MIN_MACS, every matrix TMA-describable."""
+    """On a Hopper GPU, operands the gated Gluon kernel takes (_gated_operands)."""
+    return a.is_cuda and _hopper_device(a.device.index) and _gated_operands(a, w1, w2, c)
+
+
+def _gated_operands(a, w1, w2, c):
+    """Half precision, more rows than half a tile (64 or fewer would leave most of each 128-row
+    tile's products on zeros), at least PERSISTENT_MIN_MACS, every matrix TMA-describable (unit
+    last stride, 16-byte aligned rows)."""
     M, K = a.shape
-    return (a.is_cuda and a.dtype in (torch.float16, torch.bfloat16)
-            and w1.dtype == a.dtype and w2.dtype == a.dtype and _hopper_device(a.device.index)
-            and M * w1.shape[0] * K >= PERSISTENT_MIN_MACS
+    return (a.dtype in (torch.float16, torch.bfloat16) and w1.dtype == a.dtype
+            and w2.dtype == a.dtype and M > 64 and M * w1.shape[0] * K >= PERSISTENT_MIN_MACS
             and all(_row_major_ok(t) for t in (a, w1, w2, c)))
 
 
@@ -508,6 +518,7 @@ def mlp_gemm(a, w1, w2=None, config=None, tma=None, hopper=None):
     if hopper is None:
         hopper = gated and config is None and tma is None and _gated_hopper_ok(a, w1, w2, c)
     if hopper:
+        assert gated, "the Gluon kernel is the gated GEMM's: give w2"
         return gated_hopper(a, w1, w2, c, hopper if isinstance(hopper, dict) else None)
     cfg = dict(config or pick_config(M, N, K, a.dtype, gated))
     if not config and torch.version.hip is not None:

@@ -139,6 +139,27 @@ def test_matmul_hopper_kernel_takes_only_operands_it_can_read():
     assert not mm._hopper_operands(rows(1), W.t(), C)  # 2050 bytes apart: TMA cannot
 
 
+def test_fused_mlp_gated_hopper_kernel_takes_only_operands_it_can_read():
+    """The gated Gluon kernel's operand check (its GPU check aside): 16-bit, over 64 rows, big
+    enough, every matrix row-major with 16-byte aligned rows; everything else stays on the
+    Triton paths."""
+    mlp = load("fused_mlp")
+    M, D, F = 1024, 1024, 1024  # 2^30 multiply-adds: the smallest problem it takes
+    x = torch.empty(M, D, dtype=torch.bfloat16)
+    wg, wu = torch.empty(F, D, dtype=torch.bfloat16), torch.empty(F, D, dtype=torch.bfloat16)
+    h = torch.empty(M, F, dtype=torch.bfloat16)
+    assert mlp._gated_operands(x, wg, wu, h)
+    assert not mlp._gated_operands(x.float(), wg.float(), wu.float(), h.float())  # fp32
+    assert not mlp._gated_operands(x, wg.half(), wu.half(), h)      # mixed dtypes
+    assert not mlp._gated_operands(x[:512], wg, wu, h[:512])         # 2^29: host-bound
+    wide = torch.empty(16384, D, dtype=torch.bfloat16)  # 64 rows x 16384 x 1024 = 2^30, but
+    assert not mlp._gated_operands(x[:64], wide, wide, torch.empty(64, 16384,  # most of a tile
+                                   dtype=torch.bfloat16))                     # would be empty
+    assert not mlp._gated_operands(x, wg.t().contiguous().t(), wu, h)  # a column-major weight
+    assert not mlp._gated_operands(torch.empty(M, D + 1, dtype=torch.bfloat16)[:, :D], wg, wu,
+                                   h)                                # rows 2050 bytes apart
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "fp32"])
 def test_matmul_bias_epilogue(dtype):
     """bias[N] added in the epilogue: through kernel_fn at odd N (a ragged last column block,

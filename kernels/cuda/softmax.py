@@ -3,7 +3,7 @@ Softmax over the last dim of x[M, N], in CUDA C++. Starter kernel for AutoKernel
 (BACKEND = "cuda"). Math in fp32 (max-subtracted, so huge inputs do not overflow); the output
 has x's dtype.
 
-One read and one write of x, what a copy costs, for rows up to 8 blocks' shared memory (~450K
+One read and one write of x, what a copy costs, for rows up to 8 blocks' shared memory (~930K
 16-bit elements on Hopper). Rows up to 16K 16-bit elements (8K floats) stay in registers:
   * A group of G threads owns a row (G a multiple of 32, up to 1024; blockDim.y rows per block
     when rows are short). Each thread loads two 16-byte chunks of it (8 halves or 4 floats
@@ -16,13 +16,10 @@ One read and one write of x, what a copy costs, for rows up to 8 blocks' shared 
   * Then the row max (a warp-shuffle butterfly, then the warps' partials through shared memory,
     in warp order: bitwise deterministic), the sum of exp(x - max), and the output exp(x - max)
     / sum, computed again rather than kept (registers are what limit the threads in flight).
-  * Rows that start off a 16-byte boundary (N = 50257: every other row) are cut at the
-    boundaries: chunk k starts at element 8k - lead, whole chunks are aligned vectors, and only
-    the partial chunks at the row's two ends go element by element.
 Rows longer than 1024 threads' chunks go through shared memory: a block copies the row into it
 with cp.async (global to shared without registers, every copy issued before the first wait),
-so a block has its whole row in flight and two or three blocks share an SM, one's loads
-overlapping another's math. The row is then read from shared memory for the max, the sum and
+so a block has its whole row in flight and, while two fit, two or more blocks share an SM, one's
+loads overlapping another's math. The row is then read from shared memory for the max, the sum and
 the output. On Hopper, a row too long for two blocks an SM is split over a cluster of 2 to 8
 blocks (thread-block clusters run together on neighbouring SMs), which merge their slices'
 (max, sum of exp) through distributed shared memory. Rows past that (and rows past one block's
@@ -30,6 +27,10 @@ shared memory before Hopper) take a two-pass kernel: one block of 1024 threads p
 running max and a sum of exp rescaled to it (online softmax), then re-reads the row (mostly
 from L2) to write it. exp is exp2f: of x * log2(e) - max * log2(e) (one FMA) where the max is
 known first, of (x - max) * log2(e) in the two-pass kernel.
+Rows that start off a 16-byte boundary (N = 50257: every other row) are cut at the boundaries,
+on every path: chunk k starts at element 8k - lead, whole chunks are aligned vectors, and only
+the partial chunks at the row's two ends go element by element (every chunk does where x and y
+sit differently against the boundaries, a strided view's rare case).
 
 Tried and slower on the H100 at 8192x8192: a persistent grid that loads a row group's next row
 while it reduces this one (100 -> 103-114 us: the second row's registers cost occupancy or
@@ -37,7 +38,8 @@ spill), and one reduction of (max, sum) pairs instead of two (125 us: the warps'
 one after another, two exp each). Long rows held in registers over a cluster of 8 blocks
 waited on one another: 4096x50257 fp16 489 us on an H200, against 236 through shared memory.
 Things to try: TMA bulk copies instead of cp.async; rows of 8192 through shared memory with
-small blocks (more bytes in flight an SM than registers allow).
+small blocks, more bytes in flight an SM than registers allow (PATH = 1, THREADS_PER_ROW = 128:
+81 against 93 us on an H200, no faster on an H100).
 
 Usage:
   uv run bench.py --kernel kernels/cuda/softmax.py     # on a GPU machine
@@ -51,7 +53,8 @@ BACKEND = "cuda"
 
 # Launch shape, for tuning (0: the defaults the docstring describes). THREADS_PER_ROW: threads
 # that share a row (a multiple of 32, at most 1024; in registers, fewer than the row needs is
-# ignored). ROWS_PER_BLOCK: rows a block holds in registers (at most 1024 / threads per row).
+# ignored; through shared memory: the block's threads, 512 by default). ROWS_PER_BLOCK: rows
+# a block holds in registers (at most 1024 / threads per row).
 # PATH: 1 rows through shared memory wherever they fit, 2 never.
 THREADS_PER_ROW = 0
 ROWS_PER_BLOCK = 0
@@ -286,8 +289,8 @@ __device__ __forceinline__ void copy_last_async(void* smem, const void* gmem) {
 // Rows too long for one block's registers: each block copies its slice of the row (the whole
 // row, or 1/cluster of it) into shared memory with cp.async, every copy issued before any is
 // waited for, then reads it there three times (max, sum of exp, output). The copies take no
-// registers, so a block has its whole slice in flight (100 KB for a row of 50257 halves) and
-// two or more blocks share an SM: one's loads overlap another's reductions and stores. A row
+// registers, so a block has its whole slice in flight (100 KB for a row of 50257 halves) and,
+// where two fit, blocks share an SM: one's loads overlap another's reductions and stores. A row
 // over a cluster (Hopper's thread-block clusters, which run together on neighbouring SMs)
 // merges its blocks' (max, sum of exp) through distributed shared memory, in rank order.
 template <typename T, Mode MODE>
@@ -297,7 +300,6 @@ softmax_smem(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, lo
     constexpr int E = Chunk<T>::E;
     extern __shared__ uint4 slice[];
     __shared__ float partial[32];
-    __shared__ float2 block_stats;  // this block's (max, sum), read by the cluster's blocks
     const long long row = blockIdx.x / cluster;
     const int per_block = (chunks + cluster - 1) / cluster;
     const int begin = (int)(blockIdx.x % cluster) * per_block;
@@ -307,9 +309,11 @@ softmax_smem(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, lo
     for (int k = threadIdx.x; k < count; k += blockDim.x) {
         const int start = (begin + k) * E - lead;
         if (MODE != SCALAR && start >= 0 && start + E <= n) copy_last_async(&slice[k], xr + start);
-        else slice[k] = load_partial(xr, start, n, -CUDART_INF_F).raw;  // the row's two ends
+        else slice[k] = load_partial(xr, start, n, -CUDART_INF_F).raw;  // a partial chunk
     }
+#if __CUDA_ARCH__ >= 800  // launched on sm_80 and newer only
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
     __syncthreads();
     float m = -CUDART_INF_F;
     for (int k = threadIdx.x; k < count; k += blockDim.x) {
@@ -329,6 +333,7 @@ softmax_smem(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, lo
     s = group_reduce<false>(s, partial);
 #if __CUDA_ARCH__ >= 900  // clusters are Hopper's; older GPUs are only launched with cluster 1
     if (cluster > 1) {
+        __shared__ float2 block_stats;  // this block's (max, sum), read by the cluster's blocks
         cg::cluster_group blocks = cg::this_cluster();
         if (threadIdx.x == 0) block_stats = make_float2(m, s);
         blocks.sync();
@@ -356,9 +361,9 @@ softmax_smem(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, lo
 #endif
 }
 
-// Rows longer than 8 blocks' shared memory (or than one block's, before Hopper): a running
-// max and a sum of exp rescaled to it per thread (online softmax), then a second pass that
-// re-reads the row, mostly from L2.
+// Rows longer than 8 blocks' shared memory (than one block's before Hopper; any long row before
+// sm_80 or with path 2): a running max and a sum of exp rescaled to it per thread (online
+// softmax), then a second pass that re-reads the row, mostly from L2.
 template <typename T, Mode MODE>
 __global__ void __launch_bounds__(1024)
 softmax_long(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, long long sy) {
@@ -394,8 +399,9 @@ softmax_long(const T* __restrict__ x, T* __restrict__ y, int n, long long sx, lo
 
 // softmax_smem's blocks a row for a row of `chunks` chunks: the fewest (1, or 2 to 8 in a
 // cluster on Hopper) whose slices let two blocks share an SM, else the fewest that fit one
-// block's shared memory; 0 when none do.
-inline int smem_blocks_per_row(long long chunks) {
+// block's shared memory; 0 when none do. `fixed`: the kernel's own shared memory, which counts
+// against the same limits (as do the 1 KB the driver keeps a block).
+inline int smem_blocks_per_row(long long chunks, int fixed) {
     int device = 0, per_block = 0, per_sm = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -403,7 +409,7 @@ inline int smem_blocks_per_row(long long chunks) {
     const int most = AUTOKERNEL_SM >= 90 ? MAX_CLUSTER : 1;
     for (int blocks_an_sm = 2; blocks_an_sm >= 1; --blocks_an_sm)
         for (int c = 1; c <= most; c *= 2) {
-            const long long bytes = (chunks + c - 1) / c * 16;
+            const long long bytes = (chunks + c - 1) / c * 16 + fixed;
             if (bytes <= per_block && blocks_an_sm * (bytes + 1024) <= per_sm) return c;
         }
     return 0;
@@ -418,11 +424,14 @@ int launch(const T* x, T* y, long long rows, int n, long long sx, long long sy, 
     const bool tpr_ok = tpr >= 32 && tpr <= 1024 && tpr % 32 == 0;
 #if AUTOKERNEL_SM >= 80
     if (((long long)VPT * 1024 < chunks || path == 1) && path != 2) {
-        const int cluster = smem_blocks_per_row(chunks);
-        if (cluster > 0 && rows * cluster <= 0x7fffffffLL) {
-            const int bytes = (chunks + cluster - 1) / cluster * 16;
+        cudaFuncAttributes own = {};
+        cudaFuncGetAttributes(&own, softmax_smem<T, MODE>);
+        const int cluster = smem_blocks_per_row(chunks, (int)own.sharedSizeBytes);
+        const int bytes = cluster > 0 ? (chunks + cluster - 1) / cluster * 16 : 0;
+        if (cluster > 0 && rows * cluster <= 0x7fffffffLL &&
             cudaFuncSetAttribute(softmax_smem<T, MODE>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+                cudaSuccess) {
             cudaLaunchConfig_t config = {};
             cudaLaunchAttribute attribute[1];
             attribute[0].id = cudaLaunchAttributeClusterDimension;
