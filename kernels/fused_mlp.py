@@ -206,9 +206,9 @@ def _gl_tile_of(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 def _gated_consumer(wg: gl.constexpr, descs, bars, bufs, M, N, K, NUM_PROGRAMS,
                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
                     STAGES: gl.constexpr, COOP: gl.constexpr):
-    a_desc, wg_desc, wu_desc, c_desc = descs
+    a_desc, wgate_desc, wup_desc, c_desc = descs
     ready, empty, turn = bars
-    a_smem, wg_smem, wu_smem, c_smem = bufs
+    a_smem, wgate_smem, wup_smem, c_smem = bufs
     BLOCK_M: gl.constexpr = 128 if COOP else 64
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -243,8 +243,8 @@ def _gated_consumer(wg: gl.constexpr, descs, bars, bufs, M, N, K, NUM_PROGRAMS,
                 a = a_smem.index(2 * s + wg)
             else:
                 a = a_smem.index(s)
-            gate = warpgroup_mma(a, wg_smem.index(s).permute((1, 0)), gate, is_async=True)
-            up = warpgroup_mma(a, wu_smem.index(s).permute((1, 0)), up, is_async=True)
+            gate = warpgroup_mma(a, wgate_smem.index(s).permute((1, 0)), gate, is_async=True)
+            up = warpgroup_mma(a, wup_smem.index(s).permute((1, 0)), up, is_async=True)
             # this step's two products stay in flight; the step before's are done
             gate, up = warpgroup_mma_wait(2, deps=(gate, up))
             if k > 0:  # step k - 1's products retired: its stage can be refilled
@@ -289,9 +289,9 @@ def _gated_producer(descs, bars, bufs, M, N, K, NUM_PROGRAMS, BLOCK_N: gl.conste
                     COOP: gl.constexpr):
     """One warp: the x, w_gate and w_up tiles of every k step of the CTA's tiles, in the
     consumers' order. x arrives as 64-row boxes (two per stage in cooperative tiles)."""
-    a_desc, wg_desc, wu_desc, c_desc = descs
+    a_desc, wgate_desc, wup_desc, c_desc = descs
     ready, empty, turn = bars
-    a_smem, wg_smem, wu_smem, c_smem = bufs
+    a_smem, wgate_smem, wup_smem, c_smem = bufs
     BLOCK_M: gl.constexpr = 128 if COOP else 64
     A_BOXES: gl.constexpr = 2 if COOP else 1
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -306,24 +306,24 @@ def _gated_producer(descs, bars, bufs, M, N, K, NUM_PROGRAMS, BLOCK_N: gl.conste
             s = count % STAGES
             mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), A_BOXES * a_desc.block_type.nbytes
-                            + 2 * wg_desc.block_type.nbytes)
+                            + 2 * wgate_desc.block_type.nbytes)
             for h in gl.static_range(A_BOXES):
                 _tma_load(a_desc, [off_m + 64 * h, k * BLOCK_K], ready.index(s),
                           a_smem.index(s * A_BOXES + h))
-            _tma_load(wg_desc, [off_n, k * BLOCK_K], ready.index(s), wg_smem.index(s))
-            _tma_load(wu_desc, [off_n, k * BLOCK_K], ready.index(s), wu_smem.index(s))
+            _tma_load(wgate_desc, [off_n, k * BLOCK_K], ready.index(s), wgate_smem.index(s))
+            _tma_load(wup_desc, [off_n, k * BLOCK_K], ready.index(s), wup_smem.index(s))
             count += 1
 
 
 @gluon.jit
-def gated_hopper_kernel(a_desc, wg_desc, wu_desc, c_desc, M, N, K, NUM_PROGRAMS,
+def gated_hopper_kernel(a_desc, wgate_desc, wup_desc, c_desc, M, N, K, NUM_PROGRAMS,
                         BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
                         STAGES: gl.constexpr, COOP: gl.constexpr):
     dtype: gl.constexpr = a_desc.dtype
     A_BOXES: gl.constexpr = 2 if COOP else 1
     a_smem = gl.allocate_shared_memory(dtype, [STAGES * A_BOXES, 64, BLOCK_K], a_desc.layout)
-    wg_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], wg_desc.layout)
-    wu_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], wu_desc.layout)
+    wgate_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], wgate_desc.layout)
+    wup_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], wup_desc.layout)
     c_smem = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], c_desc.layout)  # one each
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -333,9 +333,9 @@ def gated_hopper_kernel(a_desc, wg_desc, wu_desc, c_desc, M, N, K, NUM_PROGRAMS,
         mbarrier.init(empty.index(i), count=A_BOXES)  # cooperative: both warpgroups read it
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-    descs = (a_desc, wg_desc, wu_desc, c_desc)
+    descs = (a_desc, wgate_desc, wup_desc, c_desc)
     bars = (ready, empty, turn)
-    bufs = (a_smem, wg_smem, wu_smem, c_smem)
+    bufs = (a_smem, wgate_smem, wup_smem, c_smem)
     # The default partition (the kernel's 4 warps) is warpgroup 0; the workers get 4 warps
     # (warpgroup 1: two 64 x 128 fp32 accumulators are 128 registers a thread) and 1 warp.
     gl.warp_specialize([
