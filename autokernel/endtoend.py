@@ -170,6 +170,11 @@ def time_forward(model, inputs, warmup, repeat, graphs=False):
     for _ in range(warmup):
         run()
     sync()
+    return median_ms(run, repeat)
+
+
+def median_ms(run, repeat):
+    """Median milliseconds of `repeat` calls of run(), each timed alone (CUDA events on a GPU)."""
     times = []
     for _ in range(repeat):
         if autokernel.CUDA:
@@ -184,6 +189,20 @@ def time_forward(model, inputs, warmup, repeat, graphs=False):
             run()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def interleaved(runners, rounds, repeat):
+    """Per runner, its median_ms in each of `rounds` rounds. Every round times every runner, in
+    an order that reverses from one round to the next, so that drift (clocks, heat, other work on
+    the machine) falls on all of them alike. runners: [(context, run)], where context() is the
+    context manager a run needs around it (a swap's, say) and run() one forward."""
+    per_round = [[] for _ in runners]
+    for r in range(rounds):
+        for i in (range(len(runners)) if r % 2 == 0 else reversed(range(len(runners)))):
+            context, run = runners[i]
+            with context():
+                per_round[i].append(median_ms(run, repeat))
+    return per_round
 
 
 def model_dtype(model):

@@ -4,6 +4,7 @@ gives the reference's shape and dtype, and whose backward is the reference's; a 
 traces with no graph break and computes the original's outputs; verify.py times and checks
 torch.compile with the kernels inside (the one inductor compile of this file: C++ builds are
 slow on the CPU, aot_eager proves the tracing elsewhere)."""
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,37 @@ def test_verify_attributes_the_gain_inside_torch_compile_per_kernel():
              if t[f"{v}_ms"] is not None}
     assert report["best_variant"] == min(times, key=times.get)
     verify.print_report(report)
+
+
+def test_verify_pairs_the_best_variant_with_torch_compile_in_interleaved_rounds():
+    """--paired-rounds: the best variant and torch.compile are built again and timed in rounds
+    whose order alternates; the headline ratio is the median of the rounds' ratios, the one-shot
+    ratio is kept beside it."""
+    model, inputs = tiny_custom()
+    report = verify.verify(model, inputs, [kernel(n) for n in ("softmax", "reduce")], warmup=0,
+                           repeat=1, compile_backend="aot_eager", compile_alone=False,
+                           paired_rounds=3)
+    t, paired = report["timing"], report["timing"]["paired"]
+    assert report["passed"], report["failures"]
+    assert paired["note"] is None and paired["variant"] == report["best_variant"]
+    assert paired["rounds"] == 3 and len(paired["ratios"]) == 3
+    assert report["best_speedup_vs_compile"] == paired["ratio"] == sorted(paired["ratios"])[1]
+    assert report["best_speedup_vs_compile_single"] == pytest.approx(
+        t["compile_ms"] / report["best_ms"])
+    verify.print_report(report)
+
+
+def test_interleaved_rounds_alternate_their_order_inside_each_runners_context():
+    from autokernel.endtoend import interleaved
+    calls, inside = [], []
+
+    def runner(name):
+        def context():
+            inside.append(name)
+            return contextlib.nullcontext()
+        return context, lambda: calls.append((name, inside[-1]))
+    per_round = interleaved([runner("a"), runner("b")], rounds=3, repeat=2)
+    assert [len(r) for r in per_round] == [3, 3]
+    assert inside == ["a", "b", "b", "a", "a", "b"]
+    assert [c[0] for c in calls] == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    assert all(name == ctx for name, ctx in calls)
