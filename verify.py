@@ -559,9 +559,9 @@ PAIRED_ROUNDS = 15  # interleaved rounds of the best variant against torch.compi
 def pair_with_compile(report, model, inputs, used, weights, weight_layout, backend, warmup,
                       repeat, graphs, rounds):
     """The best variant and torch.compile of the original, built again and timed in `rounds`
-    interleaved rounds of `repeat` forwards each (endtoend.interleaved). The one-shot timings
-    above run minutes apart, and their ratio moved by 3% from run to run (the compact LLaMA
-    on an H100: 1.078-1.111x, where interleaved rounds gave 1.076x and 1.085x). Adds
+    interleaved rounds of `repeat` forwards each (endtoend.interleaved): the one-shot timings
+    above run minutes apart, and the drift between them moved their ratio by ~3% from run to
+    run on an H100, while the rounds' median held within 1-2%. Adds
     timing["paired"] = {"variant", "rounds", "compile_ms", "best_ms" (medians of the rounds'
     medians), "ratios" (compile over best, each round), "ratio" (their median), "note"}; the
     ratio becomes best_speedup_vs_compile, the one-shot one stays as
