@@ -5,17 +5,20 @@ traces with no graph break and computes the original's outputs; verify.py times 
 torch.compile with the kernels inside (the one inductor compile of this file: C++ builds are
 slow on the CPU, aot_eager proves the tracing elsewhere)."""
 import contextlib
+import functools
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import autokernel
 import verify
 from autokernel import ops
 from autokernel.endtoend import checked_forward, compare_runs, forward
-from autokernel.swap import KernelFailure, Swap
+from autokernel.swap import KernelFailure, Swap, WeightCache
 from models import custom
 
 KDIR = Path(__file__).resolve().parent / "kernels_for_verify"
@@ -195,17 +198,59 @@ def test_verify_pairs_the_best_variant_with_torch_compile_in_interleaved_rounds(
     verify.print_report(report)
 
 
+@pytest.mark.parametrize("variant", ["kernels", "gainers", "compile_kernels",
+                                     "compile_gainers"])
+def test_pairing_times_the_best_variants_kernels_against_a_plain_torch_compile(variant,
+                                                                             monkeypatch):
+    """pair_with_compile rebuilds torch.compile of the original (no kernel runs in it) and the
+    best variant with exactly its kernels (eager or compiled), then restores every patch."""
+    model, inputs = tiny_custom()
+    kernels = [kernel(n) for n in ("softmax", "reduce")]
+    calls = Counter()
+    for k in kernels:
+        k.fn = functools.partial(lambda fn, name, **kw: (calls.update([name]), fn(**kw))[1],
+                                 k.fn, k.name)
+    seen = []
+
+    def one_forward_each(runners, rounds, repeat):  # instead of timing: who ran which kernels
+        for context, run in runners:
+            calls.clear()
+            with context():
+                run()
+            seen.append(set(calls))
+        return [[1.0] * rounds, [2.0] * rounds]  # torch.compile 1 ms, the variant 2 ms
+    monkeypatch.setattr(verify, "interleaved", one_forward_each)
+    originals = (torch.sum, torch.Tensor.sum, F.softmax, torch.Tensor.softmax)
+    report = {"best_variant": variant, "best_speedup_vs_compile": 0.6,
+              "timing": {"gainers": ["softmax"], "compile_gainers": ["reduce"]}}
+    verify.pair_with_compile(report, model, inputs, [(k, {}) for k in kernels], WeightCache(),
+                             "copy", "aot_eager", 1, 1, False, 3)
+    want = {"gainers": {"softmax"}, "compile_gainers": {"reduce"}}.get(variant,
+                                                                       {"softmax", "reduce"})
+    assert seen == [set(), want]
+    paired = report["timing"]["paired"]
+    assert paired["note"] is None and paired["ratios"] == [0.5] * 3
+    assert report["best_speedup_vs_compile"] == 0.5
+    assert report["best_speedup_vs_compile_single"] == 0.6
+    assert (torch.sum, torch.Tensor.sum, F.softmax, torch.Tensor.softmax) == originals
+
+
 def test_interleaved_rounds_alternate_their_order_inside_each_runners_context():
     from autokernel.endtoend import interleaved
-    calls, inside = [], []
+    calls, entered = [], []
 
     def runner(name):
+        @contextlib.contextmanager
         def context():
-            inside.append(name)
-            return contextlib.nullcontext()
-        return context, lambda: calls.append((name, inside[-1]))
+            entered.append(name)
+            inside.add(name)
+            yield
+            inside.discard(name)
+        return context, lambda: calls.append((name, frozenset(inside)))
+    inside = set()
     per_round = interleaved([runner("a"), runner("b")], rounds=3, repeat=2)
     assert [len(r) for r in per_round] == [3, 3]
-    assert inside == ["a", "b", "b", "a", "a", "b"]
-    assert [c[0] for c in calls] == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
-    assert all(name == ctx for name, ctx in calls)
+    assert entered == ["a", "b", "b", "a", "a", "b"]
+    assert [name for name, _ in calls] == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a",
+                                           "b", "b"]
+    assert all(within == {name} for name, within in calls)  # each run inside its own context
