@@ -410,12 +410,16 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
             raise timing.TimingError(contradiction)
     except timing.TimingError as e:
         return {"correctness": "FAIL", "reason": str(e)}
-    print(f"timing_windows: {rounds['sets']} calls a window, "
-          + ("replayed as a CUDA graph" if rounds["graph"] is True else "plain launches"
-             + (f" ({rounds['graph']})" if rounds["graph"] else " (a CPU: no CUDA graphs)"))
-          + (f", {rounds['floor_us']:.0f} us a window subtracted (the floor: an idle kernel's "
-             f"window)" if rounds["floor_us"] else f", nothing subtracted ({rounds['floor_why']})"
-             if ak.CUDA else ""), flush=True)
+    if rounds["graph"] is True:
+        how = "replayed as a CUDA graph"
+    else:
+        how = f"plain launches ({rounds['graph'] or 'a CPU: no CUDA graphs'})"
+    if rounds["floor_us"]:
+        how += f", {rounds['floor_us']:.0f} us a window subtracted (the floor: an idle kernel's " \
+               "window)"
+    elif ak.CUDA:
+        how += f", nothing subtracted ({rounds['floor_why']})"
+    print(f"timing_windows: {rounds['sets']} calls a window, {how}", flush=True)
     if rounds["kept_dropped"]:
         print(f"note: the kept version left the pairing: {rounds['kept_dropped']}", flush=True)
     if rounds["kept"] is None and best is not None:  # a kept version, but not timed here

@@ -287,8 +287,9 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         "best_ms": None, "best_speedup_vs_compile": None,
         "best_speedup_vs_compile_single": None}
     if timing and not diagnose and not failures:
+        backend = compile_backend or ("inductor" if autokernel.CUDA else None)
         report["timing"] = measure(model, inputs, used, weights, weight_layout, warmup, repeat,
-                                   compile_backend, cuda_graphs, run_ref,
+                                   backend, cuda_graphs, run_ref,
                                    autokernel.CUDA if compile_alone is None else compile_alone)
         t = report["timing"]
         report["speedup_vs_eager"] = t["eager_ms"] / t["kernels_ms"]
@@ -298,9 +299,8 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         rounds = (PAIRED_ROUNDS if autokernel.CUDA else 0) if paired_rounds is None \
             else paired_rounds
         if rounds and t["compile_ms"] is not None and report["best_variant"]:
-            pair_with_compile(report, model, inputs, used, weights, weight_layout,
-                              compile_backend or "inductor", t["warmup"], t["repeat"],
-                              cuda_graphs, rounds)
+            pair_with_compile(report, model, inputs, used, weights, weight_layout, backend,
+                              t["warmup"], t["repeat"], cuda_graphs, rounds)
     report["failures"] = failures
     report["passed"] = not failures and all(e["status"] in ("ok", "unused") for e in entries)
     return report
@@ -356,10 +356,11 @@ def capture_breakers(model, inputs, kernels, weights, weight_layout):
     return culprits
 
 
-def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile_backend,
+def measure(model, inputs, used, weights, weight_layout, warmup, repeat, backend,
             graphs=False, run_ref=None, compile_alone=False):
-    """Eager, torch.compile, torch.compile with the kernels inside, all kernels, and each kernel
-    alone (for its share of the gain; compile_alone: inside torch.compile too). graphs: every
+    """Eager, torch.compile (with `backend`; None or "none": not timed), torch.compile with the
+    kernels inside, all kernels, and each kernel alone (for its share of the gain;
+    compile_alone: inside torch.compile too). graphs: every
     one of them timed as CUDA graph replays (no launch overhead). run_ref: the original's
     checked_forward, which the compiled models with kernels are compared against."""
     kernels = [k for k, _ in used]
@@ -398,7 +399,6 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, compile
             raise GraphCaptureError(f"capturing {what} in a CUDA graph failed ({e}): {blame}"
                                     "run without --cuda-graphs") from None
 
-    backend = compile_backend or ("inductor" if autokernel.CUDA else None)
     if backend in (None, "none"):  # known before the first step, so the count never shrinks
         steps["total"] -= 1
     timing["eager_ms"] = timed(what="the original model")
