@@ -11,7 +11,8 @@ write_package(kernels, out, name) writes out/<name>/:
                                    kernel_types.py. The package runs the swap rules verbatim.
     kernels/<name>.py              each kernel file, byte for byte
     manifest.json                  {"name", "exported", "source", "kernel_types": {type: {"args",
-                                   "uses_dot"}} (all nine: swap.py checks its rules against them),
+                                   "uses_dot", "out_order"}} (all nine: swap.py checks its rules
+                                   against them),
                                    "tolerances": {dtype: the gate's} (computed.py's check),
                                    "kernels": [{"name", "kernel_type", "file", "shapes", "origin",
                                    "sha256", "kept"}]}
@@ -162,8 +163,8 @@ def _write(pkg, kernels, name, source, log):
     manifest = {
         "name": name, "exported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": source,
-        "kernel_types": {t: {"args": list(kt.args), "uses_dot": kt.uses_dot}
-                         for t, kt in KERNEL_TYPES.items()},
+        "kernel_types": {t: {"args": list(kt.args), "uses_dot": kt.uses_dot,
+                             "out_order": kt.out_order} for t, kt in KERNEL_TYPES.items()},
         "tolerances": {DTYPE_NAMES[d]: tol for d, tol in TOLERANCES.items()},
         "kernels": [{"name": k.name, "kernel_type": k.kernel_type, "file": files[k.name],
                      "shapes": [list(s) for s in k.shapes], "origin": rel(k.path),

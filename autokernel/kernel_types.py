@@ -293,6 +293,10 @@ class KernelType:
     # shapes (every one is judged in every dtype); the first is the default, what is timed
     # unless the kernel file's BENCH_VARIANT names another.
     variants: tuple = ({},)
+    # The output's dims in memory order, outermost first (None: row-major). Inside a compiled
+    # model the op's output has exactly this dense layout (ops.out_strides): what the next op
+    # reads.
+    out_order: tuple = None
 
     def shapes(self, stage: str):
         return (self.gpu_shapes if CUDA else self.cpu_shapes)[stage]
@@ -410,6 +414,9 @@ KERNEL_TYPES = {k.name: k for k in [
         variants=({}, {"causal": False}, {"kv_groups": 4},
                   {"causal": False, "kv_groups": 2, "scale": 0.3},
                   {"kv_groups": 4, "layout": "bshd"}),
+        # O[B,H,S,D] stored as [B,S,H,D], as torch's flash SDPA stores it: the model's
+        # y.transpose(1, 2).reshape(B, S, H * D) for the output projection is then a view.
+        out_order=(0, 2, 1, 3),
         gpu_shapes=_shape_sets((2, 32, 2048, 128),
                                [(1, 8, 128, 64), (1, 16, 512, 64), (2, 16, 1024, 128),
                                 (2, 32, 2048, 128), (1, 32, 4096, 64), (4, 12, 1024, 64),

@@ -5,7 +5,8 @@ Dynamo cannot trace a Triton launcher written as plain Python (it would break th
 kernel call); a `torch.library.custom_op` it does not look into. kernel_op(kernel, impl) gives
 `torch.ops.autokernel.<name>`: its real body is `impl` (the caller's checked call of kernel_fn),
 its fake (meta) body is the type's eager reference run on the fake inputs, which gives dynamo and
-inductor the output's shape and dtype, symbolic shapes included. Backward is the gradient of that
+inductor the output's shape and dtype, symbolic shapes included, laid out as the type declares
+(KernelType.out_order; the real body returns exactly that layout, see swap.KernelOp). Backward is the gradient of that
 same reference (the kernel's forward output, the reference's derivative): a kernel file has no
 backward of its own, and a training step through a swapped model should still run (a custom op
 with none registered runs forward and raises "Trying to backward through autokernel.<name>
@@ -88,6 +89,16 @@ def kernel_op(kernel, impl=None):
     return _ops[name]
 
 
+def out_strides(shape, order=None):
+    """The strides of a dense tensor of `shape` whose dims lie in memory in `order`, outermost
+    first (None: row-major), as torch.empty would give them for that order."""
+    strides, step = [0] * len(shape), 1
+    for dim in reversed(order or range(len(shape))):
+        strides[dim] = step
+        step *= max(1, shape[dim])
+    return tuple(strides)
+
+
 def kernel_type_of(func):
     """The kernel type of one of these ops, else None (what a TorchFunctionMode that watches
     a torch function, as endtoend's loss-input recorder does F.cross_entropy, also watches)."""
@@ -112,8 +123,13 @@ def _register(name, kernel_type):
         inputs = named(args, kwargs)
         with running():
             out = _impls[name](**inputs)
-        # custom_op forbids an output that aliases an input (a kernel returning x itself).
-        return out.clone() if any(out is a for a in inputs.values()) else out
+        # Compiled code reads the output with the fake's strides: a kernel that chose another
+        # layout has its output copied into that one. And custom_op forbids an output that
+        # aliases an input (a kernel returning x itself).
+        strides = out_strides(out.shape, ktype.out_order)
+        if out.stride() != strides or any(out is a for a in inputs.values()):
+            out = out.new_empty_strided(out.shape, strides).copy_(out)
+        return out
     body.__signature__ = sig
     body.__name__ = name
 
@@ -121,7 +137,8 @@ def _register(name, kernel_type):
 
     def fake(*args, **kwargs):
         with running():
-            return ktype.eager(**named(args, kwargs))
+            out = ktype.eager(**named(args, kwargs))
+        return out.new_empty_strided(out.shape, out_strides(out.shape, ktype.out_order))
     fake.__signature__ = sig
     op.register_fake(fake)
     op.register_autograd(_backward(ktype, names), setup_context=_setup_context)

@@ -8,6 +8,11 @@ Starter kernel: flash attention forward, O = softmax(Q K^T * scale (+ causal mas
 scale None is 1/sqrt(D). Grouped-query attention: Hq is a multiple of Hkv, and query head h reads
 key/value head h // (Hq // Hkv); each program offsets its K/V addresses by that head, so K and V
 are never repeated in memory (Hq == Hkv is ordinary multi-head attention).
+O is stored as [B,S,Hq,D] and returned as its [B,Hq,S,D] view (.transpose(1, 2)), the layout
+torch's own flash SDPA returns: attention layers follow it with y.transpose(1, 2).reshape(B, S,
+Hq * D) for the output projection, a free view of this layout and a full copy of a contiguous
+[B,Hq,S,D] one. Inside torch.compile the op's output has this layout in any case (the type's
+out_order): a kernel returning another one pays that copy.
 
 FlashAttention-2 style: one program owns BLOCK_M query rows of one (batch, head), keeps its Q tile
 in registers and streams K/V tiles through an online softmax (running max m, running sum l, fp32
@@ -226,7 +231,7 @@ def _hopper_softmax_step(s, m_i, l_i, qk_scale, row_lo, block, first_masked, S,
 
 
 @gluon.jit
-def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale,
+def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, out, S, sched, heads, qk_scale,
                      n_qb,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr):
@@ -234,6 +239,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
     q_desc, k_desc, v_desc = descs
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn = bars
     q_smem, k_smem, v_smem = bufs
+    o_ptr, n_heads = out  # O is [B,S,H,D] in memory
     dtype: gl.constexpr = q_desc.dtype
     # wgmma accumulator layouts for S [64, BLOCK_N] and O [64, HEAD_D]; P feeds the P V product
     # from registers, as the A operand of O's layout.
@@ -252,7 +258,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
     tiles = 0
     for t in range(gl.load(sched + gl.program_id(0)), gl.load(sched + gl.program_id(0) + 1)):
         code = gl.load(sched + t)
-        head_row0 = (code // n_qb) * S  # this head's first row of O, as [B*H*S, D]
+        bh = code // n_qb
         off_m = (code % n_qb) * 128
         row_lo = off_m + 64 * wg
         if CAUSAL:  # keys up to the tile's last row
@@ -314,34 +320,37 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, o_ptr, S, sched, heads
 
         # Every real row saw at least one key (its own, or key 0), so l_i > 0 there; rows past
         # S are not stored.
-        out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
-        offs = (head_row0 + rows).to(gl.int64)[:, None] * HEAD_D + cols[None, :]
-        gl.store(o_ptr + offs, out.to(dtype), mask=(rows < S)[:, None])
+        # every term a multiple of HEAD_D: the compiler knows the rows' alignment and stores
+        # each thread's adjacent columns as one vector
+        o_rows = ((bh // n_heads) * S + rows).to(gl.int64) * n_heads + bh % n_heads
+        offs = o_rows[:, None] * HEAD_D + cols[None, :]
+        gl.store(o_ptr + offs, o.to(dtype), mask=(rows < S)[:, None])
         tiles += 1
 
 
 # warp_specialize takes one function per partition, and the worker partitions' functions must
 # share a signature: hence two thin wrappers around _hopper_consumer.
 @gluon.jit
-def _hopper_consumer0(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
+def _hopper_consumer0(descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb,
                       BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr):
-    _hopper_consumer(0, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+    _hopper_consumer(0, descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                      HEAD_D, STAGES, CAUSAL)
 
 
 @gluon.jit
-def _hopper_consumer1(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
+def _hopper_consumer1(descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb,
                       BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr):
-    _hopper_consumer(1, descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+    _hopper_consumer(1, descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                      HEAD_D, STAGES, CAUSAL)
 
 
 @gluon.jit
-def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
+def _hopper_producer(descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr):
     """One warp: TMA loads of each tile's Q (both halves) and K/V blocks, in the consumers'
@@ -389,8 +398,8 @@ def _hopper_producer(descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb,
 
 
 @gluon.jit
-def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, heads, qk_scale,
-                                  n_qb,
+def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, n_heads, S, sched, heads,
+                                  qk_scale, n_qb,
                                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                   STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
@@ -416,14 +425,15 @@ def flash_attention_hopper_kernel(q_desc, k_desc, v_desc, o_ptr, S, sched, heads
     descs = (q_desc, k_desc, v_desc)
     bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn)
     bufs = (q_smem, k_smem, v_smem)
+    out = (o_ptr, n_heads)
     # The default partition (this kernel's 4 warps) is warpgroup 0; the workers get 4 warps at
     # 240 registers (warpgroup 1) and 1 warp at 24 (the producer).
     gl.warp_specialize([
-        (_hopper_consumer0, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+        (_hopper_consumer0, (descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                              HEAD_D, STAGES, CAUSAL)),
-        (_hopper_consumer1, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+        (_hopper_consumer1, (descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                              HEAD_D, STAGES, CAUSAL)),
-        (_hopper_producer, (descs, bars, bufs, o_ptr, S, sched, heads, qk_scale, n_qb, BLOCK_N,
+        (_hopper_producer, (descs, bars, bufs, out, S, sched, heads, qk_scale, n_qb, BLOCK_N,
                             HEAD_D, STAGES, CAUSAL))],
         [4, 1], [240, 24])
 
@@ -516,7 +526,7 @@ def flash_attention(Q, K, V, causal=True, scale=None, config=None, tma=None, hop
         hopper = config is None and tma is None and _hopper_ok(Q, K, V, scale)
     if hopper:
         return flash_attention_hopper(Q, K, V, causal, scale)
-    O = torch.empty((B, H, S, D), device=Q.device, dtype=Q.dtype)
+    O = torch.empty((B, S, H, D), device=Q.device, dtype=Q.dtype).transpose(1, 2)
     cfg = dict(config or pick_config(S, D, Q.dtype))
     if not config and torch.version.hip is not None:
         # AMD GPUs have 64 KiB of LDS (MI300X; 160 on MI350X), not the 228 KiB these H100
@@ -631,7 +641,7 @@ def flash_attention_hopper(Q, K, V, causal=True, scale=None):
     k_desc = TensorDescriptor.from_tensor(k2, [HOPPER_BLOCK_N, D], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v2, [HOPPER_BLOCK_N, D], kv_layout)
     heads = _hopper_heads(B, H, group, tuple(q_place), tuple(k_place), tuple(v_place), Q.device)
-    O = torch.empty((B, H, S, D), device=Q.device, dtype=Q.dtype)
+    O = torch.empty((B, S, H, D), device=Q.device, dtype=Q.dtype).transpose(1, 2)
     n_qb = (S + 127) // 128
     # A third of L2 for the running group's K and V: on the H100 (50 MB) that is 16 heads at
     # S=2048, D=128 (146 us against 147 for 8 heads, 167 for all 64 at once). Consecutive query
@@ -642,7 +652,7 @@ def flash_attention_hopper(Q, K, V, causal=True, scale=None):
     # 12 warps (4 + 4 + 1, rounded up to whole warpgroups) x 32 threads x 168 registers fill the
     # 64K register file; warp_specialize then moves them: 240 to each consumer, 24 to the producer.
     flash_attention_hopper_kernel[(ctas,)](
-        q_desc, k_desc, v_desc, O, S, sched, heads, LOG2E * scale, n_qb,
+        q_desc, k_desc, v_desc, O, H, S, sched, heads, LOG2E * scale, n_qb,
         BLOCK_N=HOPPER_BLOCK_N, HEAD_D=D, STAGES=HOPPER_STAGES, CAUSAL=bool(causal), num_warps=4,
         maxnreg=168)
     return O

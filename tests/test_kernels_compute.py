@@ -255,7 +255,7 @@ N = fa.HOPPER_BLOCK_N
 signature = {"q_desc": f"tensordesc<{el}[64, {D}],{q_layout!r}>",
              "k_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
              "v_desc": f"tensordesc<{el}[{N}, {D}],{kv_layout!r}>",
-             "o_ptr": f"*{el}", "S": "i32", "sched": "*i32", "heads": "*i32", "qk_scale": "fp32",
+             "o_ptr": f"*{el}", "n_heads": "i32", "S": "i32", "sched": "*i32", "heads": "*i32", "qk_scale": "fp32",
              "n_qb": "i32",
              "BLOCK_N": "constexpr", "HEAD_D": "constexpr", "STAGES": "constexpr",
              "CAUSAL": "constexpr"}

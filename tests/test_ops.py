@@ -90,6 +90,31 @@ def test_fake_gives_the_references_shape_and_dtype(kernel_type):
                 for n, v in inputs.items()}
         out = op(**fake)
     assert (tuple(out.shape), out.dtype) == (tuple(want.shape), want.dtype)
+    # compiled code reads the real output with the fake's strides: they must agree
+    real = op(**small_inputs(kernel_type))
+    assert out.stride() == real.stride() == ops.out_strides(
+        out.shape, autokernel.KERNEL_TYPES[kernel_type].out_order)
+
+
+def test_attention_output_is_laid_out_for_the_output_projection():
+    """[B,H,S,D] stored as [B,S,H,D]: y.transpose(1, 2).reshape(B, S, H * D) is a view. This
+    test kernel stores a contiguous [B,H,S,D]: the op copies it into the declared layout."""
+    k = kernel("flash_attention")
+    inputs = small_inputs("flash_attention")
+    direct = k.fn(**inputs)
+    assert direct.is_contiguous()
+    out = ops.kernel_op(k)(**inputs)
+    assert out.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(out, direct, rtol=0, atol=0)
+    B, H, S, D = out.shape
+    assert out.transpose(1, 2).reshape(B, S, H * D).data_ptr() == out.data_ptr()
+
+
+def test_out_strides_are_torchs_for_that_memory_order():
+    for shape in [(2, 3, 5, 7), (1, 4, 1, 8), (2, 1, 3, 0)]:
+        want = torch.empty(shape[0], shape[2], shape[1], shape[3]).transpose(1, 2).stride()
+        assert ops.out_strides(shape, (0, 2, 1, 3)) == want
+        assert ops.out_strides(shape) == torch.empty(shape).stride()
 
 
 def test_backward_is_the_references():

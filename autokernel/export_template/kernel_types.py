@@ -30,8 +30,9 @@ from . import reference  # noqa: E402
 @dataclass(frozen=True)
 class KernelType:
     name: str
-    args: tuple             # kernel_fn's arguments, in order (all passed by name)
-    uses_dot: bool = False  # tl.dot in bf16 is wrong in Triton's interpreter
+    args: tuple              # kernel_fn's arguments, in order (all passed by name)
+    uses_dot: bool = False   # tl.dot in bf16 is wrong in Triton's interpreter
+    out_order: tuple = None  # the output's dims in memory order (None: row-major)
 
     def eager(self, **inputs):
         return getattr(reference, f"{self.name}_eager")(**inputs)
@@ -43,7 +44,8 @@ class KernelType:
         return "x".join(str(d) for d in shape)
 
 
-KERNEL_TYPES = {name: KernelType(name, tuple(t["args"]), t["uses_dot"])
+KERNEL_TYPES = {name: KernelType(name, tuple(t["args"]), t["uses_dot"],
+                                 t.get("out_order") and tuple(t["out_order"]))
                 for name, t in MANIFEST["kernel_types"].items()}
 KERNEL_TYPE_NAMES = tuple(KERNEL_TYPES)
 

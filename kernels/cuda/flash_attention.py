@@ -3,7 +3,8 @@ Flash attention forward, softmax(Q K^T * scale (+ causal mask)) V, in CUDA C++. 
 for AutoKernel (BACKEND = "cuda"). Q[B,Hq,S,D], K/V[B,Hkv,S,D]: query head h reads key/value head
 h // (Hq / Hkv) (grouped-query attention without repeating K and V); causal or not; scale None is
 1/sqrt(D). Any strides of B, H and S are honoured (a [B,S,H,D] buffer seen through
-.transpose(1, 2) works); the output is a new contiguous [B,Hq,S,D] tensor in Q's dtype.
+.transpose(1, 2) works); the output is a new [B,Hq,S,D] tensor in Q's dtype, stored as
+[B,S,Hq,D] (as torch's flash SDPA stores it: the output projection then reads it as it is).
 
 Two kernels:
   * fp16/bf16 with D = 64 or 128 and 16-byte aligned rows: tensor cores (mma.sync.m16n8k16), the
@@ -280,7 +281,7 @@ attention_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restr
                          :: "r"(sQ + slot(row, jd, PER_ROW) * 16 + 4 * t), "r"(val) : "memory");
         }
     __syncwarp();
-    T* out = O + (((long long)b * Hq + h) * S + m0) * D;
+    T* out = O + (((long long)b * S + m0) * Hq + h) * D;  // O is [B,S,Hq,D] in memory
 #pragma unroll
     for (int i = 0; i < 16 * PER_ROW / 32; ++i) {
         const int qi = lane + 32 * i, r = warp * 16 + qi / PER_ROW, c = qi % PER_ROW;
@@ -289,7 +290,7 @@ attention_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restr
             asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                          : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                          : "r"(sQ + slot(r, c, PER_ROW) * 16));
-            *reinterpret_cast<uint4*>(out + (long long)r * D + c * 8) = val;
+            *reinterpret_cast<uint4*>(out + (long long)r * Hq * D + c * 8) = val;
         }
     }
 }
@@ -371,7 +372,7 @@ attention_simt(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
         }
     }
     if (row < S) {
-        T* out = O + (((long long)b * Hq + h) * S + row) * D;
+        T* out = O + (((long long)b * S + row) * Hq + h) * D;  // O is [B,S,Hq,D] in memory
 #pragma unroll
         for (int i = 0; i < PER; ++i)
             if (lane + 32 * i < D) out[lane + 32 * i] = from_f32<T>(o[i] / l_run);
@@ -495,7 +496,7 @@ def flash_attention(Q, K, V, causal=True, scale=None, path="auto"):
                          f"Hkv dividing {Hq}; got K {tuple(K.shape)}, V {tuple(V.shape)}")
     if D > 256:
         raise ValueError(f"head dim {D} > 256 is not supported by this kernel")
-    O = torch.empty((B, Hq, S, D), dtype=Q.dtype, device=Q.device)
+    O = torch.empty((B, S, Hq, D), dtype=Q.dtype, device=Q.device).transpose(1, 2)
     if O.numel():
         scale_log2 = (1.0 / math.sqrt(D) if scale is None else scale) * LOG2E
         _lib.flash_attention(Q, K, V, O, B, Hq, Hq // Hkv, S, D, *Q.stride(), *K.stride(),
