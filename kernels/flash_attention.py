@@ -458,6 +458,11 @@ def pick_config(S, D, dtype):
 # Below this much work (B*H*S*S*D) the TMA path's per-launch host work costs more than it saves
 # (on triton 3.6 a launch with host tensor descriptors took ~50 us of host time on an H100).
 TMA_MIN_WORK = 2 ** 34
+# The Gluon kernel from 512 positions and a quarter of that work. H100, bf16 causal, GPU time
+# (us, Gluon / Triton): 2x32x1024x128 48.0 / 58.2, 8x12x1024x64 46.8 / 48.1, 8x12x512x64
+# 18.4 / 18.7; below, its two query tiles a head lose: 8x16x256x128 17.1 / 15.4.
+HOPPER_MIN_S = 512
+HOPPER_MIN_WORK = 2 ** 32
 
 
 def _tma_rows(t):
@@ -581,7 +586,8 @@ def _hopper_ok(Q, K, V, scale=None):
             and K.dtype == Q.dtype and V.dtype == Q.dtype and D in (64, 128)
             and K.shape == (B, Hkv, S, D) and V.shape == K.shape and H % Hkv == 0
             and (scale is None or scale > 0)
-            and B * H * S * S * D >= TMA_MIN_WORK and _hopper_device(Q.device.index) is not None
+            and S >= HOPPER_MIN_S and B * H * S * S * D >= HOPPER_MIN_WORK
+            and _hopper_device(Q.device.index) is not None
             and all(_tma_rows(t) is not None for t in (Q, K, V)))
 
 
