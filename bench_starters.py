@@ -2,7 +2,7 @@
 The starter kernels (kernels/<type>.py) against PyTorch on this GPU, side by side, in one
 command.
 
-    python3 bench_starters.py                                  # all nine types
+    python3 bench_starters.py                                  # every type
     python3 bench_starters.py --types softmax,matmul --out starters.md
     python3 bench_starters.py --compile-mode max-autotune      # with CUDA graphs (slower compile)
     python3 bench_starters.py --no-compile

@@ -1,5 +1,5 @@
 """
-Profile a PyTorch model, attribute its GPU time to ops, classify each op as one of the nine kernel
+Profile a PyTorch model, attribute its GPU time to ops, classify each op as one of the kernel
 types or a named group (elementwise, copy/cast, embedding, ...), and rank them.
 
     uv run profile.py                                    # the default: models/llama.py, compact
@@ -42,12 +42,12 @@ profile.json schema (times are per iteration, in microseconds):
   trace            str    the --export-trace file (Chrome trace JSON of the profiled forwards),
                           or null
   launch_bound     bool   gpu_busy_pct < 60 (null on a CPU)
-  named_pct        float  share of op time in named groups (the nine types or a named group)
+  named_pct        float  share of op time in named groups (the kernel types or a named group)
   ceilings         {"tflops", "bandwidth_gb_s", "source"} for the roofline (null on a CPU)
   groups           [{"group", "time_us", "share"}] most time first
   entries          ranked list, most time first:
     name           op or scope: "aten::linear", "RMSNorm", "aten::scaled_dot_product_attention"
-    group          one of the nine kernel types, a named group, or "other"
+    group          one of the kernel types, a named group, or "other"
     kernel_type    one of autokernel.KERNEL_TYPE_NAMES, or null
     time_us, share (of total_op_us, 0..1), calls (per iteration)
     shapes         [[...], ...] in the kernel type's convention (matmul (M,N,K), attention
@@ -307,9 +307,16 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
         peak = torch.cuda.max_memory_allocated(device) if on_gpu else None
         step(f"2/3 {iters} timed forwards done; profiling {iters} more")
 
+        try:
+            plugged = pluggable_types(model, lambda m: run_forward(m, inputs))
+        except Exception as e:  # noqa: BLE001  (unknown then: nothing is marked)
+            print(f"  could not check which kernel types verify.py can plug in: {describe(e)}")
+            plugged = None
+        # q/k/v + rotary that no swap reaches in this model: its rotaries, which one may, instead
+        skip = ("qkv_rotary",) if plugged is not None and "qkv_rotary" not in plugged else ()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         prof = torch.profiler.profile(activities=activities, record_shapes=True)
-        with recognized_forward(model, inputs) as forward:
+        with recognized_forward(model, inputs, skip=skip) as forward:
             with _quiet_kineto(not on_gpu):
                 prof.start()
             try:
@@ -325,11 +332,6 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
     anchors, unattributed, total = attribute(prof.events(), on_gpu)
     ceilings = roofline_ceilings(dtype) if on_gpu else None
     entries = build_entries(anchors, iters, total, dtype, ceilings)
-    try:
-        plugged = pluggable_types(model, lambda m: run_forward(m, inputs))
-    except Exception as e:  # noqa: BLE001  (unknown then: nothing is marked)
-        print(f"  could not check which kernel types verify.py can plug in: {describe(e)}")
-        plugged = None
     for e in entries:
         if e["kernel_type"]:
             e["pluggable"] = None if plugged is None else e["kernel_type"] in plugged

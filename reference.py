@@ -1,5 +1,5 @@
 """
-PyTorch references for the nine kernel types, in two flavours:
+PyTorch references for the kernel types, in two flavours:
 
   <type>(...)        the oracle bench.py judges against: computed in float64 whatever the input
                      dtype, cast to the output dtype only at the end. (An oracle that squares fp16
@@ -156,6 +156,28 @@ def reduce(x, dim=-1):
 
 def reduce_eager(x, dim=-1):
     return x.sum(dim=dim)
+
+
+# ---- qkv_rotary: an attention layer's q/k/v projections as one GEMM, rotary on q and k -------
+# x[B,S,K] @ w_qkv[(Hq+2Hkv)*D, K]^T (+ bias), seen as [B, S, Hq+2Hkv, D]: heads 0..Hq-1 are q,
+# the next kv_heads k, the last kv_heads v; q and k rotated (half-split) by cos/sin[S, D/2].
+def _qkv_heads(y, cos, kv_heads):
+    B, S, _ = y.shape
+    y = y.view(B, S, -1, 2 * cos.shape[-1])
+    return y, y.shape[2] - kv_heads  # the heads rotated: q and k
+
+
+def qkv_rotary(x, w_qkv, cos, sin, kv_heads, bias=None):
+    y = x.to(ORACLE) @ w_qkv.to(ORACLE).T
+    y, rot = _qkv_heads(y if bias is None else y + bias.to(ORACLE), cos, kv_heads)
+    c, s = (t.to(ORACLE)[:, None, :] for t in (cos, sin))  # [S, 1, D/2]: one row per position
+    return torch.cat([_rotate(y[:, :, :rot], c, s), y[:, :, rot:]], dim=2).to(x.dtype)
+
+
+def qkv_rotary_eager(x, w_qkv, cos, sin, kv_heads, bias=None):
+    y, rot = _qkv_heads(F.linear(x, w_qkv, bias), cos, kv_heads)
+    qk = rotary_embedding_eager(y[:, :, :rot].transpose(1, 2), cos, sin).transpose(1, 2)
+    return torch.cat([qk, y[:, :, rot:]], dim=2)
 
 
 def _blas():

@@ -11,7 +11,7 @@ write_package(kernels, out, name) writes out/<name>/:
                                    kernel_types.py. The package runs the swap rules verbatim.
     kernels/<name>.py              each kernel file, byte for byte
     manifest.json                  {"name", "exported", "source", "kernel_types": {type: {"args",
-                                   "uses_dot", "out_order"}} (all nine: swap.py checks its rules
+                                   "uses_dot", "out_order"}} (all types: swap.py checks its rules
                                    against them),
                                    "tolerances": {dtype: the gate's} (computed.py's check),
                                    "kernels": [{"name", "kernel_type", "file", "shapes", "origin",

@@ -135,6 +135,17 @@ def _make_rotary(shape, dtype, device, gen):
     return {"x": _randn((B, H, S, D), dtype, device, gen), "cos": cos, "sin": sin}
 
 
+def _make_qkv_rotary(shape, dtype, device, gen, bias=False):
+    B, S, K, Hq, Hkv, D = shape
+    N = (Hq + 2 * Hkv) * D
+    offset = int(torch.randint(0, 4096, (1,), generator=gen, device=device).item())
+    cos, sin = rotary_tables(S, D, dtype, device, offset=offset)
+    return {"x": _randn((B, S, K), dtype, device, gen),
+            "w_qkv": _randn((N, K), dtype, device, gen, scale=K ** -0.5),
+            "cos": cos, "sin": sin, "kv_heads": Hkv,
+            "bias": _randn((N,), dtype, device, gen) if bias else None}
+
+
 def _make_reduce(shape, dtype, device, gen, dim=-1, inner=1):
     """x[M, N] summed over dim (-1: rows, 0: columns); inner > 1 makes x[M, N, inner] summed over
     dim 1, the general case of a dim with dims on both sides."""
@@ -244,6 +255,14 @@ def _adv_rotary(shape, dtype, device, gen, **options):
     # enough that fp32 math stays inside the fp32 tolerance where the two products cancel.
     scale = 100.0 if dtype == torch.float32 else 500.0
     return [("large values", dict(inp, x=(inp["x"].float() * scale).to(dtype)))]
+
+
+def _adv_qkv_rotary(shape, dtype, device, gen, **options):
+    inp = _make_qkv_rotary(shape, dtype, device, gen, **options)
+    # Projections ~N(0, 1e4) before the rotation (rotary's "large values", here made by the
+    # GEMM): a rotation of fp16-rounded products fails, the same math in fp32 passes.
+    scale = 10.0 if dtype == torch.float32 else 100.0
+    return [("large projections", dict(inp, w_qkv=(inp["w_qkv"].float() * scale).to(dtype)))]
 
 
 def _adv_reduce(shape, dtype, device, gen, dim=-1, inner=1):
@@ -493,12 +512,31 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(1, 16), (4, 128), (16, 1000), (8, 4096)],
                                [(4, 512)],
                                [(3, 1023), (2, 4097), (5, 1537), (2, 50257)])),
+    KernelType(
+        "qkv_rotary", ("x", "w_qkv", "cos", "sin", "kv_heads", "bias"),
+        ("B", "S", "K", "Hq", "Hkv", "D"), _make_qkv_rotary, _adv_qkv_rotary,
+        flops=lambda s, **v: 2 * s[0] * s[1] * s[2] * (s[3] + 2 * s[4]) * s[5]
+        + 3 * s[0] * s[1] * (s[3] + s[4]) * s[5],
+        bytes=lambda s, dt: (s[0] * s[1] * s[2] + (s[2] + s[0] * s[1]) * (s[3] + 2 * s[4]) * s[5]
+                             + s[1] * s[5]) * _es(dt),
+        bound="compute", uses_dot=True, variants=({}, {"bias": True}),
+        gpu_shapes=_shape_sets((8, 2048, 768, 12, 12, 64),
+                               [(8, 2048, 768, 12, 12, 64), (4, 2048, 2048, 32, 8, 64),
+                                (4, 2048, 896, 14, 2, 64), (1, 4096, 4096, 32, 32, 128),
+                                (1, 128, 4096, 32, 8, 128), (16, 512, 1024, 16, 16, 64)],
+                               [(2, 256, 512, 8, 8, 64)],
+                               [(2, 1023, 768, 12, 12, 64), (1, 1, 2048, 16, 4, 128),
+                                (3, 257, 1000, 5, 1, 64), (1, 127, 896, 7, 7, 128)]),
+        cpu_shapes=_shape_sets((1, 32, 64, 2, 2, 32),
+                               [(1, 16, 32, 2, 1, 16), (2, 8, 48, 3, 3, 32)],
+                               [(1, 16, 32, 2, 2, 16)],
+                               [(1, 33, 40, 3, 1, 16), (2, 7, 24, 1, 1, 64)])),
 ]}
 assert tuple(KERNEL_TYPES) == KERNEL_TYPE_NAMES
 
 
 def kernel_type(name: str) -> KernelType:
-    """Look a type up by name, with a one-line error naming the nine."""
+    """Look a type up by name, with a one-line error naming them all."""
     if name not in KERNEL_TYPES:
         raise ValueError(f"unknown kernel type {name!r}: use one of {', '.join(KERNEL_TYPES)}")
     return KERNEL_TYPES[name]

@@ -32,7 +32,8 @@ NAMESPACE = "autokernel"
 # Arguments that are not a required tensor. Every kernel type's args are covered by this table
 # or are tensors; a new type with a new kind of argument adds it here.
 ARG_TYPES = {"bias": Optional[torch.Tensor], "weight": Optional[torch.Tensor], "eps": float,
-             "causal": bool, "scale": Optional[float], "dim": int, "activation": Optional[str]}
+             "causal": bool, "scale": Optional[float], "dim": int, "activation": Optional[str],
+             "kv_heads": int}
 
 # How many op bodies (real, fake or backward) run right now. While one does, the swap's patched
 # torch entry points pass straight through: the kernel's own torch calls and the reference's

@@ -3,8 +3,9 @@ Recognition by computation: which kernel type a piece of a model computes, whoev
 
 profile.py runs the model's forward once under TorchDynamo (torch.compile with a backend of
 ours), finds in each captured graph the computations that are a kernel type -- RMSNorm,
-LayerNorm, softmax, a SwiGLU or GeGLU MLP, rotary embedding (half-split or interleaved),
-cross-entropy, attention written out -- in the usual spellings, and puts every match in an
+LayerNorm, softmax, a SwiGLU or GeGLU MLP, rotary embedding (half-split or interleaved), an
+attention layer's q/k/v projections with rotary on q and k, cross-entropy, attention written
+out -- in the usual spellings, and puts every match in an
 `autokernel::` profiler scope that carries its kernel type and shape (recognize.scope_name).
 The profiled forwards run these instrumented graphs, so the time of a match's ops belongs to
 its kernel type. When capture fails, profiling falls back to the op names and module classes of
@@ -47,13 +48,13 @@ from autokernel.recognize import is_last_dim, module_scopes, scope_name
 # ---------------------------------------------------------------------------------------------
 
 @contextmanager
-def recognized_forward(model, inputs, say=print):
+def recognized_forward(model, inputs, say=print, skip=()):
     """The forward to profile: the model under Dynamo with every match in its profiler scope
-    (already run once, the capture). When capture fails, the model itself inside its module
+    (already run once, the capture); skip: patterns (by name) not to look for. When capture fails, the model itself inside its module
     classes' scopes, after one line saying so. Dynamo's caches are cleared afterwards: they
     would keep this model's graphs, and after 8 of them Dynamo stops tracing that code."""
     try:
-        forward, matches = capture(model, inputs)
+        forward, matches = capture(model, inputs, skip)
     except Exception as e:  # noqa: BLE001  (any failure to trace leaves today's recognition)
         torch._dynamo.reset()
         say(f"  graph capture failed ({describe(e, 160)}): kernel types recognized by op name "
@@ -70,14 +71,14 @@ def recognized_forward(model, inputs, say=print):
         torch._dynamo.reset()
 
 
-def capture(model, inputs):
+def capture(model, inputs, skip=()):
     """Run the model once under Dynamo; every graph it captures is matched and instrumented.
     Returns (the compiled forward, [Match])."""
     found, graphs = [], []
     root = type(model).__name__
 
     def backend(gm, example_inputs):
-        matches = find_matches(gm, example_inputs, root)
+        matches = find_matches(gm, example_inputs, root, skip)
         instrument(gm, matches)
         found.extend(matches)
         graphs.append(gm)
@@ -115,19 +116,21 @@ class Match:
     variant: dict = field(default_factory=dict)
     note: str = ""
     label: str = ""           # the innermost module the computation is in (its class name)
+    source: Node = None       # the tensor a rotary rotates (qkv_rotary finds its projection)
+    outputs: tuple = ()       # values read outside besides `output` (qkv_rotary's k and v)
 
     @property
     def scope(self):
         return scope_name(self.label, self.ktype, self.shape, self.variant, self.note)
 
 
-def find_matches(gm, example_inputs, root="forward"):
+def find_matches(gm, example_inputs, root="forward", skip=()):
     """Every pattern's matches in a captured graph, without overlaps, most specific first. Each
     is then grown by the casts right after it and the casts and views that only feed it (a
     kernel replaces those too), and kept if it can run as one block."""
     values = _Values(gm, example_inputs)
     claimed, matches = set(), []
-    for fn in PATTERNS:
+    for fn in (f for f in PATTERNS if f.__name__ not in skip):
         for node in list(gm.graph.nodes):
             m = fn(node, values) if node not in claimed else None
             if m is not None and _self_contained(m, claimed):
@@ -167,9 +170,10 @@ def _constant(n, depth=0):
 
 
 def _self_contained(m, claimed):
-    """No node taken by another match, and no value but the output read outside it."""
+    """No node taken by another match, and no value but its outputs read outside it."""
     m.nodes = set(m.nodes)
-    return not m.nodes & claimed and all(u in m.nodes for n in m.nodes if n is not m.output
+    read = {m.output, *m.outputs}
+    return not m.nodes & claimed and all(u in m.nodes for n in m.nodes if n not in read
                                          for u in n.users)
 
 
@@ -962,7 +966,7 @@ def _last_slice(n):
 
 def _rotary_match(n, nodes, x, cos, pairing):
     """The rotary Match: (B, H, S, D) of x with the positions on the dim the tables follow."""
-    m = Match("rotary_embedding", n, nodes)
+    m = Match("rotary_embedding", n, nodes, source=x)
     s, t = shape(x), shape(cos)
     if pairing != "half":
         m.note = ("interleaved pairs (even with odd elements): the rotary_embedding kernel "
@@ -974,6 +978,61 @@ def _rotary_match(n, nodes, x, cos, pairing):
     else:
         m.shape = s
     return m
+
+
+def qkv_rotary(n, values):
+    """Two rotaries (half-split) of linear projections of one input h, and a third projection
+    of h the size of the second (v): an attention layer's q/k/v, qkv_rotary (B, S, K, Hq, Hkv,
+    D). Found at the first rotary; it claims the three projections, the views between them and
+    the rotations; q and k rotated and v's view are read outside it."""
+    first = rotary(n, values)
+    found = first and first.shape and _projection(first.source)
+    if not found:
+        return None
+    h = arg(found[0], 0)
+    for other in list(n.graph.nodes):
+        second = rotary(other, values) if other is not n else None
+        found2 = second and second.shape and _projection(second.source)
+        if found2 and arg(found2[0], 0) is h and found2[0] is not found[0]:
+            break
+    else:
+        return None
+    # q has at least as many heads as k: grouped-query attention shares k among q heads
+    (q, (lin_q, views_q)), (k, (lin_k, views_k)) = sorted(
+        [(first, found), (second, found2)], key=lambda p: -shape(p[1][0])[-1])
+    v = next((u for u in h.users if op(u) == "linear" and u not in (lin_q, lin_k)
+              and shape(u)[-1] == shape(lin_k)[-1] and _biased_like(u, lin_k)), None)
+    if v is None or not _biased_like(lin_q, lin_k):
+        return None
+    v_views, last = [], v
+    while len(last.users) == 1 and op(u := next(iter(last.users))) in ("view", "reshape",
+                                                                         "transpose"):
+        v_views.append(u)
+        last = u
+    (B, Hq, S, D), Hkv = q.shape, k.shape[1]
+    nodes = {*q.nodes, *k.nodes, lin_q, lin_k, v, *views_q, *views_k, *v_views}
+    # a spelling that slices q (or k) twice: the second slices read q too
+    nodes |= {u for t in (q.source, k.source) for u in t.users
+              if op(u) in VIEWS and all(w in nodes for w in u.users)}
+    m = Match("qkv_rotary", n, nodes, (B, S, shape(h)[-1], Hq, Hkv, D),
+              {"bias": True} if _bias_of(lin_q) is not None else {},
+              outputs=(k.output, last))
+    return m if k.shape[::2] == (B, S) and k.shape[3] == D else None
+
+
+def _projection(x):
+    """(linear, the views after it) when x is a linear projection seen through views (the
+    view(B, S, H, D).transpose(1, 2) of an attention layer), else None."""
+    x, views = through(x, VIEWS - {"getitem", "expand", "expand_as", "repeat_interleave"})
+    return (x, views) if op(x) == "linear" else None
+
+
+def _bias_of(lin):
+    return arg(lin, 2, "bias")
+
+
+def _biased_like(a, b):
+    return (_bias_of(a) is None) == (_bias_of(b) is None)
 
 
 def layernorm(n, values):
@@ -1049,5 +1108,5 @@ def softmax(n, values):
     return Match("softmax", n, nodes, _rows(x))
 
 
-PATTERNS = [attention, cross_entropy, fused_mlp, projection_gelu, rotary, layernorm, rmsnorm,
-            softmax]
+PATTERNS = [attention, cross_entropy, fused_mlp, projection_gelu, qkv_rotary, rotary, layernorm,
+            rmsnorm, softmax]

@@ -2,7 +2,7 @@
 Which kernel type a profiled op or module is. profile.py attributes the GPU time of a forward to
 events and asks this module what each one is:
   * an aten op (the outermost one that launched the work: aten::linear, not the aten::addmm
-    inside it) is looked up in OP_TABLE, which gives its group (one of the nine kernel types or
+    inside it) is looked up in OP_TABLE, which gives its group (one of the kernel types or
     a named group: elementwise, copy/cast, embedding, ...), its kernel type, and a function that
     reads the type's shape from the profiler's recorded input shapes;
   * a computation that IS a kernel type runs inside an `autokernel::<label>::<type>::<shape>`

@@ -24,7 +24,11 @@ The rules (SWAP_RULES, one entry per kernel type):
     price: a name bound before the swap (`from torch.nn.functional import linear`) is not seen.
   * Module swaps: RMSNorm-like modules (rmsnorm), SwiGLU MLPs with w_gate/w_up/w_down or
     gate_proj/up_proj/down_proj (fused_mlp), models/layers.RotaryEmbedding and transformers'
-    LLaMA-style apply_rotary_pos_emb (rotary_embedding), and norm and gated-MLP modules of any
+    LLaMA-style apply_rotary_pos_emb (rotary_embedding), attention modules whose forward(x) is
+    causal attention over wq/wk/wv (or q_proj/k_proj/v_proj) projections rotated by a
+    RotaryEmbedding child, confirmed on a probe input (qkv_rotary: the three projections and
+    the rotation in one kernel; attention and the output projection as the other rules run
+    them), and norm and gated-MLP modules of any
     name whose forward computes rmsnorm, layernorm or fused_mlp (autokernel/computed.py:
     recognized from their graph, confirmed by their output).
   * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
@@ -179,6 +183,18 @@ class WeightCache:
         copy = weight.new_zeros((k, padded))
         copy[:, :n] = weight.detach().t()
         self.copies[key] = (weakref.ref(weight), weight._version, copy)
+        return copy
+
+    def stacked(self, tensors):
+        """torch.cat(tensors) (q/k/v weights, or their biases), made once per versions."""
+        key = tuple(id(t) for t in tensors)
+        hit = self.copies.get(key)
+        if hit and all(r() is t and _same_version(v, t) for r, v, t in zip(hit[0], hit[1],
+                                                                             tensors)):
+            return hit[2]
+        copy = torch.cat([t.detach() for t in tensors])
+        self.copies[key] = ([weakref.ref(t) for t in tensors], [t._version for t in tensors],
+                            copy)
         return copy
 
     def padded_bias(self, bias, width):
@@ -767,6 +783,96 @@ def _fused_mlp_forward(swap, module, w_gate, w_up, w_down):
     return forward
 
 
+# Attention modules whose q/k/v projections and rotary run as one qkv_rotary kernel: these
+# attribute names, a RotaryEmbedding child with [max_seq, D/2] tables, and a forward(x) that is
+# causal attention over them (confirmed once per class and shapes on a probe input, _ATTENTION).
+QKV_NAMES = (("wq", "wk", "wv", "wo"), ("q_proj", "k_proj", "v_proj", "o_proj"))
+_ATTENTION = {}  # (class, parameter shapes and dtype) -> None if confirmed, else why not
+
+
+def _qkv_rotary_module(swap, module):
+    names = next((n for n in QKV_NAMES if all(hasattr(module, a) for a in n)), None)
+    rotary = getattr(module, "rotary", None)
+    if names is None or rotary is None:
+        return None
+    projections = [getattr(module, a) for a in names]
+    cos = getattr(rotary, "cos", None)
+    if not all(isinstance(p, nn.Linear) for p in projections) or not isinstance(cos, torch.Tensor) \
+            or cos.dim() != 2 or "RotaryEmbedding" not in type(rotary).__name__:
+        return None
+    wq, wk, wv, wo = projections
+    D = 2 * cos.shape[1]
+    if wk.weight.shape != wv.weight.shape or wq.weight.shape[0] % D or wk.weight.shape[0] % D \
+            or len({p.weight.dtype for p in projections}) > 1 \
+            or len({p.bias is None for p in (wq, wk, wv)}) > 1:
+        return "skipped: q/k/v projections of unequal kinds"
+    key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in projections),
+           wq.weight.dtype)
+    if key not in _ATTENTION:
+        _ATTENTION[key] = _attention_mismatch(module, wq, wk, wv, wo, rotary)
+    if _ATTENTION[key]:
+        return _ATTENTION[key]
+    return _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary)
+
+
+def _stacked(swap, *linears):
+    """[w_q; w_k; w_v] (and their biases): one copy, made once per weight version."""
+    weights = swap.weights.stacked([p.weight for p in linears])
+    bias = None if linears[0].bias is None else swap.weights.stacked([p.bias for p in linears])
+    return weights, bias
+
+
+def _qkv_attention(qkv_fn, x, wq, wk, wv, wo, D):
+    """Causal attention over q/k/v from qkv_fn(x) -> [B, S, Hq + 2 Hkv, D]: what the swapped
+    forward computes (qkv_fn the kernel) and what it is confirmed against (the eager one)."""
+    B, S, _ = x.shape
+    Hq, Hkv = wq.weight.shape[0] // D, wk.weight.shape[0] // D
+    q, k, v = (t.transpose(1, 2) for t in qkv_fn(x, Hkv).split([Hq, Hkv, Hkv], dim=2))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hq != Hkv)
+    return wo(y.transpose(1, 2).reshape(B, S, Hq * D))
+
+
+def _attention_mismatch(module, wq, wk, wv, wo, rotary):
+    """None when the module's forward(x) is _qkv_attention on a probe input, else why not."""
+    import reference
+    w = wq.weight
+    S = min(16, rotary.cos.shape[0])
+    x = torch.randn((2, S, w.shape[1]), generator=torch.Generator().manual_seed(0)).to(w)
+    weights = torch.cat([p.weight for p in (wq, wk, wv)])
+    bias = None if wq.bias is None else torch.cat([p.bias for p in (wq, wk, wv)])
+    cos, sin = (t[:S].to(w.dtype) for t in (rotary.cos, rotary.sin))
+    try:
+        with torch.no_grad():
+            got = module(x)
+            want = _qkv_attention(lambda t, kv: reference.qkv_rotary_eager(
+                t, weights, cos, sin, kv, bias), x, wq, wk, wv, wo, 2 * rotary.cos.shape[1])
+    except Exception as e:  # noqa: BLE001  (a forward that needs more than x)
+        return f"skipped: forward(x) alone raised {describe(e, 80)}"
+    if not isinstance(got, torch.Tensor) or not computed.agrees(got, want, w.dtype):
+        return "skipped: forward is not causal attention over rotary q/k (probe mismatch)"
+    return None
+
+
+def _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary):
+    original = module.forward
+    D = 2 * rotary.cos.shape[1]
+
+    def qkv(x, kv_heads):
+        S = x.shape[1]
+        cos, sin = (t[:S].to(x.dtype).contiguous() for t in (rotary.cos, rotary.sin))
+        weights, bias = _stacked(swap, wq, wk, wv)
+        return swap.run("qkv_rotary", x=x, w_qkv=weights, cos=cos, sin=sin, kv_heads=kv_heads,
+                        bias=bias)
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or x.dim() != 3 or x.dtype != wq.weight.dtype \
+                or x.shape[1] > rotary.cos.shape[0] or x.dtype not in FLOAT_DTYPES:
+            swap.fallback("qkv_rotary", "arguments outside the contract")
+            return original(x, *args, **kwargs)
+        return _qkv_attention(qkv, x, wq, wk, wv, wo, D)
+    return forward
+
+
 def _rotary_module(swap, module):
     """models/layers.RotaryEmbedding: real cos/sin buffers [max_seq, D/2], forward(x, offset)."""
     cos, sin = getattr(module, "cos", None), getattr(module, "sin", None)
@@ -962,6 +1068,12 @@ def _hf_packed_patches(masking, model):
     return patches + [(masking, "find_packed_sequence_indices", find_packed_sequence_indices)]
 
 
+def _qkv_shape(t):
+    D = 2 * t["cos"].shape[-1]
+    heads, kv = t["w_qkv"].shape[0] // D, t["kv_heads"]
+    return (*t["x"].shape, heads - 2 * kv, kv, D)
+
+
 def _first_arg_shape(inputs):
     return tuple(next(iter(inputs.values())).shape)
 
@@ -1001,5 +1113,6 @@ SWAP_RULES = {
     "reduce": SwapRule(functions={(torch, "sum"): _sum, (T, "sum"): _sum},
                        contract_shape=lambda t: reduce_shape(tuple(t["x"].shape),
                                                              t["dim"] % t["x"].dim())[0]),
+    "qkv_rotary": SwapRule(modules=(_qkv_rotary_module,), contract_shape=_qkv_shape),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)

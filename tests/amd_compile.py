@@ -67,7 +67,7 @@ def compile_only(run, compiled):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("arch", help="AMD target, e.g. gfx942 (MI300X/MI325X), gfx950 (MI350X)")
-    parser.add_argument("--types", help="comma-separated kernel types (default: all nine)")
+    parser.add_argument("--types", help="comma-separated kernel types (default: all)")
     parser.add_argument("--as-nvidia", action="store_true",
                         help="leave torch a non-ROCm build: the starters make NVIDIA choices")
     parser.add_argument("--gpu-shapes", action="store_true",

@@ -42,7 +42,7 @@ GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The nine starters and the planted kernels imported (so compiled) for sm_90a into a fresh
+    """The starters and the planted kernels imported (so compiled) for sm_90a into a fresh
     cache, two builds at a time: {file stem: module or the exception}, and the CPU seconds the
     compilers took (nvcc and the host compiler are child processes; wall time would measure how
     busy the machine is)."""
@@ -88,7 +88,7 @@ def test_cuda_starter_compiles_for_hopper_and_keeps_the_contract(built, kernel_t
 
 
 @needs_nvcc
-def test_all_nine_compile_within_a_minute(built):
+def test_all_starters_compile_within_a_minute(built):
     """Within a minute of compiler time: one core does them all in under a minute."""
     modules, seconds, _ = built
     assert all(not isinstance(modules[t], Exception) for t in autokernel.KERNEL_TYPE_NAMES)

@@ -217,16 +217,17 @@ def test_main_job_from_a_fresh_copy(tmp_path):
     plan = json.loads((tmp_path / "workspace" / "plan.json").read_text())
     assert len(plan["kernels"]) == 5
     assert {k["kernel_type"] for k in plan["kernels"]} == {
-        "fused_mlp", "matmul", "flash_attention", "rotary_embedding", "rmsnorm"}
+        "fused_mlp", "matmul", "flash_attention", "qkv_rotary", "rmsnorm"}
     shapes = {k["kernel_type"]: k["shapes"] for k in plan["kernels"]}
     assert shapes["fused_mlp"] == [[32, 768, 3072]]
     assert [32, 32000, 768] in shapes["matmul"] and shapes["rmsnorm"] == [[32, 768]]
-    assert shapes["flash_attention"] == shapes["rotary_embedding"] == [[1, 12, 32, 64]]
+    assert shapes["flash_attention"] == [[1, 12, 32, 64]]
+    assert shapes["qkv_rotary"] == [[1, 32, 768, 12, 12, 64]]
     assert plan["cpu_scaled"] is True
     bench = {k["kernel_type"]: k["bench_shapes"] for k in plan["kernels"]}
     assert bench["fused_mlp"] == [[32, 64, 128]] and bench["rmsnorm"] == [[32, 768]]
     assert bench["flash_attention"] == [[1, 4, 32, 64]]  # the CPU shapes' most heads: 4
-    assert bench["rotary_embedding"] == [[1, 2, 32, 64]]
+    assert bench["qkv_rotary"] == [[1, 32, 64, 2, 2, 32]]
     for row in plan["kernels"]:
         text = (tmp_path / row["file"]).read_text()
         assert f"KERNEL_NAME = {row['name']!r}" in text and "BENCH_SHAPES = [" in text

@@ -213,6 +213,44 @@ def test_look_alikes_do_not_match(fn, inputs):
     assert kinds(fn, *inputs) == []
 
 
+WQ, WK, WV = (nn.Linear(16, n, bias=b) for n, b in ((32, True), (16, True), (16, True)))
+
+
+def _rot(t):
+    return torch.cat([t[..., :4] * COS - t[..., 4:] * SIN, t[..., 4:] * COS + t[..., :4] * SIN],
+                     dim=-1)
+
+
+def test_qkv_projections_with_rotary_are_one_qkv_rotary():
+    """Three projections of one input viewed as heads, the first two rotated: qkv_rotary (B, S,
+    K, Hq, Hkv, D), q the projection with more heads (grouped-query), bias as the variant. v
+    not seen as a projection of the same input, or a rotary of another input, is not one."""
+    x = torch.randn(2, 6, 16)
+
+    def layer(x, rotate_k=True, v_input=None):
+        q, k, v = (w(t).view(2, 6, -1, 8).transpose(1, 2)
+                   for w, t in ((WQ, x), (WK, x), (WV, x if v_input is None else v_input)))
+        return _rot(q), _rot(k) if rotate_k else k, v
+    assert kinds(layer, x) == [("qkv_rotary", (2, 6, 16, 4, 2, 8), {"bias": True}, "")]
+    assert [k[0] for k in kinds(lambda x: layer(x, rotate_k=False), x)] == ["rotary_embedding"]
+    assert [k[0] for k in kinds(lambda x, y: layer(x, v_input=y), x, x + 1)] == \
+        ["rotary_embedding", "rotary_embedding"]
+    skipped = []
+    with torch.inference_mode():
+        _, skipped = patterns.capture(_Wrapped(layer), (x,), skip=("qkv_rotary",))
+    torch._dynamo.reset()
+    assert [m.ktype for m in skipped] == ["rotary_embedding", "rotary_embedding"]
+
+
+class _Wrapped(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
 def test_a_value_read_outside_the_computation_keeps_it_apart():
     """A kernel computes the output only: a norm whose 1/rms is also returned is its ops."""
     def norm_and_scale(x):
@@ -232,7 +270,7 @@ def test_masks_that_are_not_causal_are_noted():
 
 
 def test_capture_failure_falls_back_to_op_names_and_module_classes(monkeypatch, capsys):
-    def broken(model, inputs):
+    def broken(model, inputs, skip=()):
         raise RuntimeError("no graph today")
     monkeypatch.setattr(patterns, "capture", broken)
     cfg = llama.LLaMAConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=16, hidden=32)

@@ -46,14 +46,16 @@ def test_llama_attribution_and_shapes():
     found = by_type(result)
     assert found["rmsnorm"] == [(16, 32)]
     assert found["fused_mlp"] == [(16, 32, 48)]
-    assert found["rotary_embedding"] == [(2, 4, 8, 8)]
+    assert found["qkv_rotary"] == [(2, 8, 32, 4, 4, 8)]  # q/k/v projections and rotary
+    assert "rotary_embedding" not in found
     assert found["flash_attention"] == [(2, 4, 8, 8)]
     assert set(found["matmul"]) == {(16, 32, 32), (16, 101, 32)}
     names = {e["name"] for e in result["entries"]}
-    assert {"RMSNorm", "SwiGLU", "RotaryEmbedding"} <= names
-    # The SwiGLU's own linears belong to the fused_mlp scope, not to matmul.
+    assert {"RMSNorm", "SwiGLU", "Attention"} <= names
+    # The SwiGLU's own linears belong to the fused_mlp scope and the q/k/v projections to
+    # qkv_rotary's, not to matmul: what is left is each layer's output projection and lm_head.
     matmul = next(e for e in result["entries"] if e["name"] == "aten::linear")
-    assert matmul["calls"] == 2 * 4 + 1
+    assert matmul["calls"] == 2 * 1 + 1
     assert result["gpu_busy_pct"] is None and result["time_source"] == "cpu op time"
     assert abs(sum(e["share"] for e in result["entries"]) - 1) < 1e-6
     for e in result["entries"]:

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import autokernel
 import verify
 from autokernel.endtoend import forward
 from autokernel.swap import SWAP_RULES, Swap, _hits_ignore_index
@@ -24,8 +25,7 @@ def kernels(*names):
 
 # ---- installing and restoring the patches ---------------------------------------------------
 
-ALL_TYPES = ("matmul", "softmax", "layernorm", "rmsnorm", "flash_attention", "fused_mlp",
-             "cross_entropy", "rotary_embedding", "reduce")
+ALL_TYPES = autokernel.KERNEL_TYPE_NAMES
 
 
 def entry_points():
@@ -133,3 +133,36 @@ def test_compiler_tables_are_built_before_the_swap_patches_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---- q/k/v projections with rotary: attention modules confirmed on a probe --------------------
+
+class NotCausal(llama.Attention):
+    """LLaMA's attention with the names and a RotaryEmbedding child, but bidirectional."""
+
+    def forward(self, x):
+        B, S, C = x.shape
+        q, k, v = (w(x).view(B, S, self.n_head, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        y = F.scaled_dot_product_attention(self.rotary(q), self.rotary(k), v)
+        return self.wo(y.transpose(1, 2).reshape(B, S, C))
+
+
+def test_qkv_rotary_replaces_an_attention_layers_projections_and_rotary():
+    torch.manual_seed(0)
+    model = llama.LLaMA(TINY_LLAMA).eval()
+    inputs = llama.get_inputs(2, 8, config=TINY_LLAMA)
+    with torch.no_grad():
+        want = model(*inputs)
+        swap = Swap(kernels("qkv_rotary", "flash_attention"))
+        with swap.installed(model):
+            got = model(*inputs)
+    assert swap.calls == {"qkv_rotary": TINY_LLAMA.n_layer, "flash_attention": TINY_LLAMA.n_layer}
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+    odd = NotCausal(TINY_LLAMA).eval()
+    swap = Swap(kernels("qkv_rotary"))
+    with torch.no_grad(), swap.installed(odd):
+        odd(torch.randn(1, 8, TINY_LLAMA.dim))
+    assert swap.calls == {}
+    assert "probe mismatch" in next(iter(swap.skipped["qkv_rotary"]))

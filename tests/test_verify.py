@@ -60,7 +60,7 @@ def assert_all_ran_and_match(report, names):
     assert report["passed"] and not report["failures"], report["failures"]
 
 
-# ---- the nine types in the shipped models ---------------------------------------------------
+# ---- the kernel types in the shipped models ---------------------------------------------------
 
 def test_llama_matmul_rmsnorm_attention_mlp_rotary():
     torch.manual_seed(0)
