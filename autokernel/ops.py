@@ -6,11 +6,11 @@ kernel call); a `torch.library.custom_op` it does not look into. kernel_op(kerne
 `torch.ops.autokernel.<name>`: its real body is `impl` (the caller's checked call of kernel_fn),
 its fake (meta) body is the type's eager reference run on the fake inputs, which gives dynamo and
 inductor the output's shape and dtype, symbolic shapes included, laid out as the type declares
-(KernelType.out_order; the real body returns exactly that layout, see swap.KernelOp). Backward is the gradient of that
-same reference (the kernel's forward output, the reference's derivative): a kernel file has no
-backward of its own, and a training step through a swapped model should still run (a custom op
-with none registered runs forward and raises "Trying to backward through autokernel.<name>
-... but no autograd formula was registered" on backward).
+(KernelType.out_order: the real body copies a kernel's output of another layout into that one).
+Backward is the gradient of that same reference (the kernel's forward output, the reference's
+derivative): a kernel file has no backward of its own, and a training step through a swapped
+model should still run (a custom op with none registered runs forward and raises "Trying to
+backward through autokernel.<name> ... but no autograd formula was registered" on backward).
 
 The schema comes from type annotations, and each type has its own arguments, so the op's Python
 signature is built per type from KERNEL_TYPES[t].args: tensors unless ARG_TYPES says otherwise,

@@ -50,9 +50,10 @@ from autokernel.recognize import is_last_dim, module_scopes, scope_name
 @contextmanager
 def recognized_forward(model, inputs, say=print, skip=()):
     """The forward to profile: the model under Dynamo with every match in its profiler scope
-    (already run once, the capture); skip: patterns (by name) not to look for. When capture fails, the model itself inside its module
-    classes' scopes, after one line saying so. Dynamo's caches are cleared afterwards: they
-    would keep this model's graphs, and after 8 of them Dynamo stops tracing that code."""
+    (already run once, the capture); skip: patterns (by name) not to look for. When capture
+    fails, the model itself inside its module classes' scopes, after one line saying so.
+    Dynamo's caches are cleared afterwards: they would keep this model's graphs, and after 8 of
+    them Dynamo stops tracing that code."""
     try:
         forward, matches = capture(model, inputs, skip)
     except Exception as e:  # noqa: BLE001  (any failure to trace leaves today's recognition)
@@ -1016,7 +1017,7 @@ def qkv_rotary(n, values):
               if op(u) in VIEWS and all(w in nodes for w in u.users)}
     m = Match("qkv_rotary", n, nodes, (B, S, shape(h)[-1], Hq, Hkv, D),
               {"bias": True} if _bias_of(lin_q) is not None else {},
-              outputs=(k.output, last))
+              outputs=(second.output, last))  # n is the first rotary's output
     return m if k.shape[::2] == (B, S) and k.shape[3] == D else None
 
 
