@@ -258,11 +258,18 @@ def _adv_rotary(shape, dtype, device, gen, **options):
 
 
 def _adv_qkv_rotary(shape, dtype, device, gen, **options):
+    B, S, K = shape[:3]
     inp = _make_qkv_rotary(shape, dtype, device, gen, **options)
-    # Projections ~N(0, 1e4) before the rotation (rotary's "large values", here made by the
-    # GEMM): a rotation of fp16-rounded products fails, the same math in fp32 passes.
-    scale = 10.0 if dtype == torch.float32 else 100.0
-    return [("large projections", dict(inp, w_qkv=(inp["w_qkv"].float() * scale).to(dtype)))]
+    # As for matmul: rows of x and of w_qkv scaled over 2^-6 .. 2^0 (see _adv_matmul). And the
+    # same x at every position, where only the rotation tells the positions apart: a kernel
+    # that takes a row's position from the wrong index (m instead of m % S, or none) fails.
+    rs = 2.0 ** torch.randint(-6, 1, (B, S, 1), device=device, generator=gen).float()
+    ws = 2.0 ** torch.randint(-6, 1, (inp["w_qkv"].shape[0], 1), device=device,
+                              generator=gen).float()
+    wide = dict(inp, x=(inp["x"].float() * rs).to(dtype),
+                w_qkv=(inp["w_qkv"].float() * ws).to(dtype))
+    same = dict(inp, x=inp["x"][:1, :1].expand(B, S, K).contiguous())
+    return [("wide dynamic range", wide), ("the same x at every position", same)]
 
 
 def _adv_reduce(shape, dtype, device, gen, dim=-1, inner=1):
