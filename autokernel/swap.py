@@ -809,7 +809,8 @@ def _qkv_rotary_module(swap, module):
     key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in projections),
            wq.weight.dtype)
     if key not in _ATTENTION:
-        _ATTENTION[key] = _attention_mismatch(module, wq, wk, wv, wo, rotary)
+        _ATTENTION[key] = _attention_mismatch(module, wq, wk, wv, wo, rotary,
+                                              *_stacked(swap, wq, wk, wv))
     if _ATTENTION[key]:
         return _ATTENTION[key]
     return _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary)
@@ -832,14 +833,13 @@ def _qkv_attention(qkv_fn, x, wq, wk, wv, wo, D):
     return wo(y.transpose(1, 2).reshape(B, S, Hq * D))
 
 
-def _attention_mismatch(module, wq, wk, wv, wo, rotary):
-    """None when the module's forward(x) is _qkv_attention on a probe input, else why not."""
+def _attention_mismatch(module, wq, wk, wv, wo, rotary, weights, bias):
+    """None when the module's forward(x) is _qkv_attention on a probe input, else why not
+    (weights, bias: the stacked q/k/v ones)."""
     import reference
     w = wq.weight
     S = min(16, rotary.cos.shape[0])
     x = torch.randn((2, S, w.shape[1]), generator=torch.Generator().manual_seed(0)).to(w)
-    weights = torch.cat([p.weight for p in (wq, wk, wv)])
-    bias = None if wq.bias is None else torch.cat([p.bias for p in (wq, wk, wv)])
     cos, sin = (t[:S].to(w.dtype) for t in (rotary.cos, rotary.sin))
     try:
         with torch.no_grad():
@@ -856,10 +856,10 @@ def _attention_mismatch(module, wq, wk, wv, wo, rotary):
 def _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary):
     original = module.forward
     D = 2 * rotary.cos.shape[1]
+    tables = {}
 
     def qkv(x, kv_heads):
-        S = x.shape[1]
-        cos, sin = (t[:S].to(x.dtype).contiguous() for t in (rotary.cos, rotary.sin))
+        cos, sin = _table_rows(rotary, tables, 0, x.shape[1], x.dtype)
         weights, bias = _stacked(swap, wq, wk, wv)
         return swap.run("qkv_rotary", x=x, w_qkv=weights, cos=cos, sin=sin, kv_heads=kv_heads,
                         bias=bias)
@@ -890,18 +890,22 @@ def _rotary_module(swap, module):
                 or x.dtype not in FLOAT_DTYPES:
             swap.fallback("rotary_embedding", "shape or dtype outside the contract")
             return original(x, offset)
-        if torch.compiler.is_compiling():
-            # The graph slices and casts: a data_ptr() key would break it.
-            c, s = (t[offset:offset + S].to(x.dtype).contiguous()
-                    for t in (module.cos, module.sin))
-        else:
-            key = (offset, S, x.dtype, module.cos.data_ptr())
-            if key not in tables:  # the slice and cast, once per (offset, length, dtype)
-                tables[key] = tuple(t[offset:offset + S].to(x.dtype).contiguous()
-                                    for t in (module.cos, module.sin))
-            c, s = tables[key]
+        c, s = _table_rows(module, tables, offset, S, x.dtype)
         return swap.run("rotary_embedding", x=x.contiguous(), cos=c, sin=s)
     return forward
+
+
+def _table_rows(rotary, tables, offset, S, dtype):
+    """A RotaryEmbedding's cos/sin rows offset..offset+S-1 in dtype, sliced and cast once per
+    (offset, length, dtype) into `tables`. Under torch.compile the graph slices and casts: a
+    data_ptr() key would break it."""
+    if torch.compiler.is_compiling():
+        return tuple(t[offset:offset + S].to(dtype).contiguous() for t in (rotary.cos, rotary.sin))
+    key = (offset, S, dtype, rotary.cos.data_ptr())
+    if key not in tables:
+        tables[key] = tuple(t[offset:offset + S].to(dtype).contiguous()
+                            for t in (rotary.cos, rotary.sin))
+    return tables[key]
 
 
 class _HalfTables:

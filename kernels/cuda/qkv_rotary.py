@@ -59,6 +59,28 @@ struct Args {
     int S, K, D, heads, rot_heads;
 };
 
+// Both kernels' epilogue: elements j and j + D/2 of one head's row (position s) of the output,
+// the bias added, rotated for q and k heads, rounded once.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* o, float v1, float v2, int j, int head, int s,
+                                           bool rotate, const T* bias, const T* cos_t,
+                                           const T* sin_t, const Args& a) {
+    const int half = a.D / 2;
+    if (bias) {
+        v1 += to_f32(bias[head * a.D + j]);
+        v2 += to_f32(bias[head * a.D + j + half]);
+    }
+    if (rotate) {
+        const float c = to_f32(cos_t[s * a.ts + j * a.td]);
+        const float sn = to_f32(sin_t[s * a.ts + j * a.td]);
+        const float r1 = v1 * c - v2 * sn, r2 = v2 * c + v1 * sn;
+        v1 = r1;
+        v2 = r2;
+    }
+    o[j] = from_f32<T>(v1);
+    o[j + half] = from_f32<T>(v2);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256) qkv_rotary(const T* __restrict__ x,
                                                   const T* __restrict__ w,
@@ -118,20 +140,7 @@ __global__ void __launch_bounds__(256) qkv_rotary(const T* __restrict__ x,
         for (int p = 0; p < PAIRS; ++p) {
             const int j = tx + 16 * p;
             if (j >= half) continue;
-            float v1 = acc1[r][p], v2 = acc2[r][p];
-            if (bias) {
-                v1 += to_f32(bias[head * a.D + j]);
-                v2 += to_f32(bias[head * a.D + j + half]);
-            }
-            if (rotate) {
-                const float c = to_f32(cos_t[s * a.ts + j * a.td]);
-                const float sn = to_f32(sin_t[s * a.ts + j * a.td]);
-                const float r1 = v1 * c - v2 * sn, r2 = v2 * c + v1 * sn;
-                v1 = r1;
-                v2 = r2;
-            }
-            o[j] = from_f32<T>(v1);
-            o[j + half] = from_f32<T>(v2);
+            store_pair(o, acc1[r][p], acc2[r][p], j, head, s, rotate, bias, cos_t, sin_t, a);
         }
     }
 }
@@ -210,7 +219,6 @@ __global__ void __launch_bounds__(128) qkv_rotary_mma(const T* __restrict__ x,
         }
         __syncthreads();
     }
-    const int half = a.D / 2;
     const bool rotate = head < a.rot_heads;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -223,20 +231,8 @@ __global__ void __launch_bounds__(128) qkv_rotary_mma(const T* __restrict__ x,
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {
                 const int j = 8 * n + 2 * t + cc;
-                float v1 = acc[n][2 * rr + cc], v2 = acc[n + NT / 2][2 * rr + cc];
-                if (bias) {
-                    v1 += to_f32(bias[head * a.D + j]);
-                    v2 += to_f32(bias[head * a.D + j + half]);
-                }
-                if (rotate) {
-                    const float c = to_f32(cos_t[s * a.ts + j * a.td]);
-                    const float sn = to_f32(sin_t[s * a.ts + j * a.td]);
-                    const float r1 = v1 * c - v2 * sn, r2 = v2 * c + v1 * sn;
-                    v1 = r1;
-                    v2 = r2;
-                }
-                o[j] = from_f32<T>(v1);
-                o[j + half] = from_f32<T>(v2);
+                store_pair(o, acc[n][2 * rr + cc], acc[n + NT / 2][2 * rr + cc], j, head, s,
+                           rotate, bias, cos_t, sin_t, a);
             }
     }
 }
