@@ -1,6 +1,7 @@
 """
 Starter kernel: an attention layer's q/k/v projections as ONE GEMM with rotary position
-embedding applied to q and k in its epilogue, in Triton.
+embedding applied to q and k in its epilogue, in Triton (and Gluon, Triton's lower-level
+dialect, on Hopper).
 
     from kernels.qkv_rotary import kernel_fn
     qkv = kernel_fn(x=x, w_qkv=w, cos=cos, sin=sin, kv_heads=Hkv, bias=None)
@@ -24,18 +25,26 @@ rows n0 .. n0 + HEADS * D, loaded on Hopper through TMA descriptors; otherwise (
 each column's weight row is computed and loaded with a mask. Heads past Hq + Hkv (v) are
 stored unrotated. cos/sin rows are indexed by position s = m % S, shared by every head.
 
-On the H100 at the compact LLaMA's shape (8x2048 tokens, 768 wide, 12 + 12 + 12 heads of 64):
-the gate's clock 116 us in fp16 against torch.compile's 151 (cuBLAS GEMM, then inductor's rotary)
-and eager's 620; bf16 GPU time 107 us against 130 for cuBLAS's fused q/k/v GEMM followed by
-inductor's rotary (93 for the GEMM alone). BENCHMARKS.md sections 22 and 23.
-Things to try: a Gluon (wgmma, warp-specialized, persistent) mainloop like the matmul starter's
-Hopper kernel (the plain GEMM here runs ~15% behind cuBLAS), GROUP_M, a TMA store.
+On Hopper, half-precision problems of 2^30 multiply-adds or more run the same epilogue after
+the matmul starter's Gluon mainloop (persistent, warp-specialized: a TMA producer warp, two
+wgmma warpgroups) and store through TMA. H100, compact LLaMA (8x2048 tokens, 768 wide, 12 + 12
++ 12 heads of 64), bf16 GPU time: 98.6 us, against 110.4 for the Triton kernel, 90.9 for
+cuBLAS's q/k/v GEMM alone (no rotary) and 156.6 for torch.compile (cuBLAS, then inductor's
+rotary); the gate's clock 95.9 us in fp16, 1.54x torch.compile, 6.6x eager. BENCHMARKS.md
+sections 23 and 24.
+Things to try: at D = 128 and K = 4096 the Triton kernel is ~2% ahead (597 against 610 us at
+4096 x 4096 -> 12288); a ping-pong schedule lost at every shape tried, a deeper ring needs the
+C buffers smaller (one 64 x BLOCK_N buffer a warpgroup, stored in halves).
 """
 import functools
 
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 KERNEL_TYPE = "qkv_rotary"
 BACKEND = "triton"
@@ -104,6 +113,205 @@ def qkv_rotary_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, out_ptr, x_desc, w_
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & col_ok[None, :])
 
 
+# ---- On Hopper, in Gluon (Triton's lower-level dialect: explicit layouts, shared memory, barriers
+# and warp roles), the matmul starter's Hopper kernel with this epilogue. One CTA per SM,
+# persistent, three partitions that talk through mbarriers: a one-warp producer that only issues
+# TMA loads of x and w_qkv tiles into a ring of STAGES buffers ("ready": a load landed; "empty":
+# its readers are done with it), and two warpgroups that only issue wgmma products and run the
+# epilogue. Cooperative schedule (COOP): 128-row tiles, warpgroup w computes rows 64w..64w+63;
+# or ping-pong: 64-row tiles, the warpgroups take alternate tiles and turns at the tensor cores
+# ("turn" barriers), so one's epilogue runs under the other's products. BLOCK_N is a whole number
+# of heads; a thread of a wgmma accumulator holds columns c and c + D/2 of its rows (both are
+# register bits of the layout), so the reshape + permute + split that pairs the halves is free.
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _gl_tile_of(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """The Triton kernel's grouped tile order: GROUP_M tile rows walked column by column."""
+    per_group = GROUP_M * num_pid_n
+    first_m = (tile // per_group) * GROUP_M
+    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_rows
+    pid_n = (tile % per_group) // group_rows
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _gl_rotate(acc, off_m, off_n, rope, N, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+               HAS_BIAS: gl.constexpr):
+    """The epilogue on a 64 x BLOCK_N fp32 accumulator: bias, then each q/k head's halves
+    rotated by its rows' positions (off_m + i) % S; v heads pass through."""
+    cos_ptr, sin_ptr, bias_ptr, S, ROT_HEADS, stride_cs, stride_cd, stride_ss, stride_sd = rope
+    HEADS: gl.constexpr = BLOCK_N // HEAD_D
+    HALF: gl.constexpr = HEAD_D // 2
+    acc_layout: gl.constexpr = acc.type.layout
+    if HAS_BIAS:
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+    x1, x2 = gl.split(gl.permute(gl.reshape(acc, [64, HEADS, 2, HALF]), [0, 1, 3, 2]))
+    # cos/sin as [64, HALF] in the layout x1 has without its head axis, broadcast over heads
+    table: gl.constexpr = gl.SliceLayout(1, x1.type.layout)
+    pos = (off_m + gl.arange(0, 64, layout=gl.SliceLayout(1, table))) % S
+    j = gl.arange(0, HALF, layout=gl.SliceLayout(0, table))
+    cs = gl.load(cos_ptr + pos[:, None] * stride_cs + j[None, :] * stride_cd).to(gl.float32)
+    sn = gl.load(sin_ptr + pos[:, None] * stride_ss + j[None, :] * stride_sd).to(gl.float32)
+    cs = gl.expand_dims(cs, 1)
+    sn = gl.expand_dims(sn, 1)
+    head = off_n // HEAD_D + gl.arange(
+        0, HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(2, x1.type.layout)))
+    rotate = gl.expand_dims(gl.expand_dims(head < ROT_HEADS, 0), 2)  # q and k, not v
+    out1 = gl.where(rotate, x1 * cs - x2 * sn, x1)
+    out2 = gl.where(rotate, x2 * cs + x1 * sn, x2)
+    out = gl.reshape(gl.permute(gl.join(out1, out2), [0, 1, 3, 2]), [64, BLOCK_N])
+    return gl.convert_layout(out, acc_layout)
+
+
+@gluon.jit
+def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS,
+                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+                     STAGES: gl.constexpr, COOP: gl.constexpr, HEAD_D: gl.constexpr,
+                     HAS_BIAS: gl.constexpr):
+    x_desc, w_desc, c_desc = descs
+    ready, empty, turn = bars
+    x_smem, w_smem, c_smem = bufs
+    BLOCK_M: gl.constexpr = 128 if COOP else 64
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    c_buf = c_smem.index(wg)
+    # The CTA's tiles are j = 0, 1, ... (tile ids program_id + j * NUM_PROGRAMS); tile j's loads
+    # take ring places j * k_steps onwards. Cooperative: every tile, our 64 rows of it.
+    # Ping-pong: tiles j = wg, wg + 2, ..., all of their rows.
+    if COOP:
+        first, step, j, j_step, row = gl.program_id(0), NUM_PROGRAMS, 0, 1, 64 * wg
+    else:
+        first, step, j, j_step, row = gl.program_id(0) + wg * NUM_PROGRAMS, 2 * NUM_PROGRAMS, \
+            wg, 2, 0
+    for tile in range(first, num_pid_m * num_pid_n, step):
+        pid_m, pid_n = _gl_tile_of(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M + row
+        off_n = pid_n * BLOCK_N
+        count = j * k_steps
+        acc = gl.zeros([64, BLOCK_N], gl.float32, acc_layout)
+        prev = 0
+        if not COOP:
+            # Our turn once the other warpgroup waited for all of its tile's loads; this also
+            # keeps each ready barrier's waits in ring order (a wait only tells a parity).
+            mbarrier.wait(turn.index(wg), (j // 2 + 1 - wg) & 1)
+        for k in range(k_steps):
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            if COOP:
+                a = x_smem.index(2 * s + wg)
+            else:
+                a = x_smem.index(s)
+            acc = warpgroup_mma(a, w_smem.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc,))  # one product stays in flight
+            if k > 0:  # step k - 1's product retired: its stage can be refilled
+                mbarrier.arrive(empty.index(prev), count=1)
+            prev = s
+            count += 1
+        if not COOP:
+            mbarrier.arrive(turn.index(1 - wg), count=1)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index(prev), count=1)
+        out = _gl_rotate(acc, off_m, off_n, rope, N, BLOCK_N, HEAD_D, HAS_BIAS)
+        tma.store_wait(0)  # the previous tile's TMA store has read c_buf
+        c_buf.store(out.to(c_desc.dtype))
+        fence_async_shared()  # c_buf's writes are seen by the TMA engine
+        _tma_store(c_desc, [off_m, off_n], c_buf)  # rows/cols past M/N are clipped
+        j += j_step
+    tma.store_wait(0)
+
+
+# warp_specialize takes one function per partition; the worker partitions' functions must
+# share a signature: hence two thin wrappers around _hopper_consumer.
+@gluon.jit
+def _hopper_consumer0(descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N: gl.constexpr,
+                      BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                      COOP: gl.constexpr, HEAD_D: gl.constexpr, HAS_BIAS: gl.constexpr):
+    _hopper_consumer(0, descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N, BLOCK_K,
+                     GROUP_M, STAGES, COOP, HEAD_D, HAS_BIAS)
+
+
+@gluon.jit
+def _hopper_consumer1(descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N: gl.constexpr,
+                      BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                      COOP: gl.constexpr, HEAD_D: gl.constexpr, HAS_BIAS: gl.constexpr):
+    _hopper_consumer(1, descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N, BLOCK_K,
+                     GROUP_M, STAGES, COOP, HEAD_D, HAS_BIAS)
+
+
+@gluon.jit
+def _hopper_producer(descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N: gl.constexpr,
+                     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                     COOP: gl.constexpr, HEAD_D: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """One warp: the x and w_qkv tiles of every k step of the CTA's tiles, in the consumers'
+    order. x arrives as 64-row boxes (two per stage in cooperative tiles, one per warpgroup)."""
+    x_desc, w_desc, c_desc = descs
+    ready, empty, turn = bars
+    x_smem, w_smem, c_smem = bufs
+    BLOCK_M: gl.constexpr = 128 if COOP else 64
+    X_BOXES: gl.constexpr = 2 if COOP else 1
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    count = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS):
+        pid_m, pid_n = _gl_tile_of(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for k in range(k_steps):  # K past its end reads zeros (TMA fills out-of-bounds boxes)
+            s = count % STAGES
+            mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s),
+                            X_BOXES * x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            for h in gl.static_range(X_BOXES):
+                _tma_load(x_desc, [off_m + 64 * h, k * BLOCK_K], ready.index(s),
+                          x_smem.index(s * X_BOXES + h))
+            _tma_load(w_desc, [off_n, k * BLOCK_K], ready.index(s), w_smem.index(s))
+            count += 1
+
+
+@gluon.jit
+def qkv_rotary_hopper_kernel(x_desc, w_desc, c_desc, rope, M, N, K, NUM_PROGRAMS,
+                             BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                             GROUP_M: gl.constexpr, STAGES: gl.constexpr, COOP: gl.constexpr,
+                             HEAD_D: gl.constexpr, HAS_BIAS: gl.constexpr):
+    dtype: gl.constexpr = x_desc.dtype
+    X_BOXES: gl.constexpr = 2 if COOP else 1
+    x_smem = gl.allocate_shared_memory(dtype, [STAGES * X_BOXES, 64, BLOCK_K], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    c_smem = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], c_desc.layout)  # one each
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=X_BOXES)  # cooperative: both warpgroups read it
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    descs = (x_desc, w_desc, c_desc)
+    bars = (ready, empty, turn)
+    bufs = (x_smem, w_smem, c_smem)
+    # The default partition (the kernel's 4 warps) is warpgroup 0; the workers get 4 warps
+    # (warpgroup 1) and 1 warp. The argument tuples are written out in the call: a tuple
+    # assigned to a name would turn its constexprs into tensors.
+    gl.warp_specialize([
+        (_hopper_consumer0, (descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N, BLOCK_K,
+                             GROUP_M, STAGES, COOP, HEAD_D, HAS_BIAS)),
+        (_hopper_consumer1, (descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N, BLOCK_K,
+                             GROUP_M, STAGES, COOP, HEAD_D, HAS_BIAS)),
+        (_hopper_producer, (descs, bars, bufs, rope, M, N, K, NUM_PROGRAMS, BLOCK_N, BLOCK_K,
+                            GROUP_M, STAGES, COOP, HEAD_D, HAS_BIAS))],
+        [4, 1], [232, 40])
+
+
 def _dot_precision(dtype):
     """fp32 inputs: three tf32 products on NVIDIA (~fp32 accuracy; plain tf32 misses the 1e-4
     tolerance). ROCm's Triton refuses tf32x3: plain fp32 there."""
@@ -142,7 +350,68 @@ def pick_config(D, dtype, device_type):
                 num_warps=8, num_stages=3)
 
 
-def qkv_rotary(x, w_qkv, cos, sin, kv_heads, bias=None, config=None):
+@functools.lru_cache(maxsize=None)
+def pick_hopper_config(N):
+    """The Gluon kernel's schedule. Measured on an H100 (bf16, GPU time): cooperative 128x256
+    tiles (four heads of 64 or two of 128; 3 stages fill shared memory) ran 98.6 us at the compact
+    LLaMA's shape (16384 x 768 -> 2304; the Triton kernel 110.4, cuBLAS's GEMM alone 90.9) and
+    149.4 at Llama-3-1B's (cuBLAS's GEMM alone 151.2). Where 256-wide tiles would leave over 5% of
+    the last column of tiles empty (Qwen2-0.5B's N = 1152), 128x128 with 5 stages: 34.9 against
+    38.5. Ping-pong tiles were slower at every shape tried."""
+    if ((N + 255) // 256 * 256 - N) * 20 > N:
+        return dict(COOP=True, BLOCK_N=128, STAGES=5, GROUP_M=8)
+    return dict(COOP=True, BLOCK_N=256, STAGES=3, GROUP_M=8)
+
+
+HOPPER_BLOCK_K = 64  # 128 bytes of a 16-bit row: one 128-byte swizzle line per TMA box row
+# Below this many multiply-adds (or 64 rows and fewer) the Triton kernel: a launch's host time
+# bounds the call there, and a 128-row tile of a few rows computes mostly zeros.
+HOPPER_MIN_MACS = 2 ** 30
+
+
+def _hopper_ok(x, w, out, D, config):
+    """Half precision on Hopper, TMA-describable x/w (_tma_ok), a head dim that divides the tile."""
+    B, S, K = x.shape
+    M, N = B * S, w.shape[0]
+    return (x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype and M > 64
+            and M * N * K >= HOPPER_MIN_MACS and _tma_ok(x, w, D)
+            and config["BLOCK_N"] % D == 0 and (N * out.element_size()) % 16 == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _gl_layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(
+        list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def qkv_rotary_hopper(x, w_qkv, cos, sin, kv_heads, bias, out, config):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    B, S, K = x.shape
+    M, N = B * S, w_qkv.shape[0]
+    D = 2 * cos.shape[-1]
+    BN, BK = config["BLOCK_N"], HOPPER_BLOCK_K
+    x_desc = TensorDescriptor(x, [M, K], [x.stride(1), 1], [64, BK], _gl_layout((64, BK), x.dtype))
+    w_desc = TensorDescriptor.from_tensor(w_qkv, [BN, BK], _gl_layout((BN, BK), x.dtype))
+    c_desc = TensorDescriptor.from_tensor(out.view(M, N), [64, BN], _gl_layout((64, BN), x.dtype))
+    rope = (cos, sin, bias if bias is not None else cos, S, N // D - kv_heads, *cos.stride(),
+            *sin.stride())
+    tiles = -(-M // (128 if config["COOP"] else 64)) * -(-N // BN)
+    grid = min(tiles, _num_sms(x.device.index))
+    qkv_rotary_hopper_kernel[(grid,)](
+        x_desc, w_desc, c_desc, rope, M, N, K, grid, BN, BK, config["GROUP_M"], config["STAGES"],
+        config["COOP"], D, bias is not None, num_warps=4)
+    return out
+
+
+def qkv_rotary(x, w_qkv, cos, sin, kv_heads, bias=None, config=None, hopper=None):
+    """config: the Triton kernel's (pick_config's keys); hopper: the Gluon kernel's
+    (pick_hopper_config's keys), or False to keep it off. Without either, the Gluon kernel where
+    _hopper_ok allows."""
     B, S, K = x.shape
     D = 2 * cos.shape[-1]
     heads_total = w_qkv.shape[0] // D
@@ -150,6 +419,11 @@ def qkv_rotary(x, w_qkv, cos, sin, kv_heads, bias=None, config=None):
     M = B * S
     if out.numel() == 0:
         return out
+    if hopper is None and config is None:
+        cfg = pick_hopper_config(w_qkv.shape[0])
+        hopper = cfg if _hopper_ok(x, w_qkv, out, D, cfg) else False
+    if hopper:
+        return qkv_rotary_hopper(x, w_qkv, cos, sin, kv_heads, bias, out, hopper)
     cfg = dict(config or pick_config(D, x.dtype, x.device.type))
     use_tma = cfg.pop("USE_TMA", _tma_ok(x, w_qkv, D)) and 2 * cfg["HP"] == D
     x_desc = w_desc = None

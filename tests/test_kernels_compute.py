@@ -330,6 +330,54 @@ def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation):
     assert int(shared) <= 227 * 1024
 
 
+# The qkv_rotary starter's Gluon kernel for an H100, the same way.
+QKV_ROTARY_FOR_SM90 = """
+import sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import autokernel
+from autokernel.contract import load_module
+qr = load_module(autokernel.KERNELS_DIR / "qkv_rotary.py")
+N, D, has_bias = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "bias"
+cfg = qr.pick_hopper_config(N)
+BN, BK = cfg["BLOCK_N"], qr.HOPPER_BLOCK_K
+blocks = {"x_desc": (64, BK), "w_desc": (BN, BK), "c_desc": (64, BN)}
+signature = {name: f"tensordesc<bf16[{b[0]}, {b[1]}],{qr._gl_layout(b, torch.bfloat16)!r}>"
+             for name, b in blocks.items()}
+signature["rope"] = ("*bf16", "*bf16", "*bf16") + ("i32",) * 6
+signature.update(M="i32", N="i32", K="i32", NUM_PROGRAMS="i32")
+constants = dict(BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
+                 COOP=cfg["COOP"], HEAD_D=D, HAS_BIAS=has_bias)
+signature.update({name: "constexpr" for name in constants})
+source = GluonASTSource(qr.qkv_rotary_hopper_kernel, signature, constants)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print(compiled.metadata.shared)
+print(compiled.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("N,D,bias", [(2304, 64, "none"),   # 128x256 tiles (compact LLaMA)
+                                      (1152, 64, "bias"),   # 128x128 (Qwen2-0.5B, biased)
+                                      (12288, 128, "none")])
+def test_qkv_rotary_hopper_kernel_compiles_for_sm90(N, D, bias):
+    """Both schedules pick_hopper_config chooses, with the rotation's reshape/split of the wgmma
+    accumulator, compile for an H100 without one: no spills, within shared memory, and no
+    shuffles or shared-memory round trips beyond the C tile's (the halves pair up in
+    registers)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", QKV_ROTARY_FOR_SM90, str(N), str(D), bias],
+                          env=env, cwd=autokernel.ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, ptx = done.stdout.split("\n", 1)
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ".local" not in ptx, "register spills"
+    assert int(shared) <= 227 * 1024
+    # warp_specialize's setup takes one ld.shared; a layout conversion through shared memory
+    # would add a load per chunk of the tile, a shuffle-based one butterfly shuffles
+    assert ptx.count("ld.shared") <= 1 and "shfl.sync.bfly" not in ptx
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_attention_hopper_schedule_runs_every_tile_once(causal):
     fa = load("flash_attention")
