@@ -28,7 +28,8 @@ The rules (SWAP_RULES, one entry per kernel type):
     causal attention over wq/wk/wv (or q_proj/k_proj/v_proj) projections rotated by a
     RotaryEmbedding child, confirmed on a probe input (qkv_rotary: the three projections and
     the rotation in one kernel; attention and the output projection as the other rules run
-    them), and norm and gated-MLP modules of any
+    them), transformers' attention layers the same way with their own forward kept
+    (_hf_qkv_patches), and norm and gated-MLP modules of any
     name whose forward computes rmsnorm, layernorm or fused_mlp (autokernel/computed.py:
     recognized from their graph, confirmed by their output).
   * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
@@ -229,6 +230,9 @@ class Swap:
         self.weights = weights or WeightCache()
         self.weight_layout = weight_layout
         self.busy = False  # inside a kernel_fn: its own torch calls pass straight through
+        # a transformers attention layer's q and k came rotated out of a qkv_rotary kernel:
+        # its apply_rotary_pos_emb passes them on (_hf_qkv_patches)
+        self.qk_rotated = False
         self.ignore_index_seen = {}  # (targets shape, ignore_index) -> hit (_hits_ignore_index)
         self.reset()
 
@@ -316,18 +320,25 @@ class Swap:
             if self.active(ktype):
                 for patcher in rule.patches:
                     patches += patcher(self, model)
-        applied = []  # (owner, attr, whether owner itself held attr, the original)
-        try:
-            for owner, attr, new in patches:
-                applied.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
-                setattr(owner, attr, new)
+        with _applied(patches):
             yield self
-        finally:
-            for owner, attr, had_own, old in reversed(applied):
-                if had_own:
-                    setattr(owner, attr, old)
-                else:  # inherited (a class's forward, TensorBase's methods): uncover it again
-                    delattr(owner, attr)
+
+
+@contextlib.contextmanager
+def _applied(patches):
+    """setattr(owner, attr, new) for each (owner, attr, new), undone on exit in reverse order."""
+    applied = []  # (owner, attr, whether owner itself held attr, the original)
+    try:
+        for owner, attr, new in patches:
+            applied.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
+            setattr(owner, attr, new)
+        yield
+    finally:
+        for owner, attr, had_own, old in reversed(applied):
+            if had_own:
+                setattr(owner, attr, old)
+            else:  # inherited (a class's forward, TensorBase's methods): uncover it again
+                delattr(owner, attr)
 
 
 def _known_to_the_compiler(inductor):
@@ -948,15 +959,17 @@ def _hf_rotary_patches(swap, model):
     narrower than the heads (GPT-NeoX's rotary_pct: the first dims turn, the rest pass through)
     take the kernel on those dims, once the model's own function has agreed on the first eager
     call at that shape (a copy of LLaMA's would not broadcast there at all)."""
-    owners = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    owners = [o for o in owners if o is not None and o.__name__.startswith("transformers.")
-              and callable(getattr(o, "apply_rotary_pos_emb", None)) and hasattr(o, "rotate_half")]
     patches = []
-    for owner in owners:
+    for owner in _hf_rotary_owners(model):
         original, tables, partial = owner.apply_rotary_pos_emb, _HalfTables(), {}
 
         def apply_rotary_pos_emb(q, k, cos, sin, *args, _original=original, _tables=tables,
                                  _partial=partial, **kwargs):
+            if swap.qk_rotated:  # rotated on their way in (_hf_qkv_patches)
+                swap.qk_rotated = False
+                return q, k
+            if not swap.active("rotary_embedding"):
+                return _original(q, k, cos, sin, *args, **kwargs)
             unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
             turned = cos.shape[-1]
             usable = not args and set(kwargs) <= {"unsqueeze_dim"} and unsqueeze_dim == 1 \
@@ -993,6 +1006,143 @@ def _hf_rotary_patches(swap, model):
             return ours
         patches.append((owner, "apply_rotary_pos_emb", apply_rotary_pos_emb))
     return patches
+
+
+def _hf_rotary_owners(model):
+    """The transformers modules the model's classes come from that define LLaMA's half-split
+    apply_rotary_pos_emb (and rotate_half)."""
+    owners = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    return [o for o in owners if o is not None and o.__name__.startswith("transformers.")
+            and callable(getattr(o, "apply_rotary_pos_emb", None)) and hasattr(o, "rotate_half")]
+
+
+# transformers' attention layers run their q/k/v projections and rotary as one qkv_rotary call:
+# the layer's own forward still runs (masks, caches, attention backends, sliding windows stay
+# transformers'), its three projections answer from the kernel's output made on entry, and its
+# apply_rotary_pos_emb passes the rotated q and k on. Confirmed once per class and shapes on a
+# probe input against the layer as it is (a norm on q/k before the rotary, Qwen3's, differs).
+def _hf_qkv_patches(swap, model):
+    owners = {o.__name__: o for o in _hf_rotary_owners(model)}
+    patches = []
+    for module in model.modules():
+        owner = owners.get(type(module).__module__)
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if owner is None or not all(isinstance(getattr(module, a, None), nn.Linear)
+                                    for a in names) or not isinstance(
+                getattr(module, "head_dim", None), int) \
+                or "position_embeddings" not in inspect.signature(module.forward).parameters:
+            continue
+        wq, wk, wv = (getattr(module, a) for a in names[:3])
+        D = module.head_dim
+        if wk.weight.shape != wv.weight.shape or wq.weight.shape[0] % D or wk.weight.shape[0] % D \
+                or D % 2 or len({p.weight.dtype for p in (wq, wk, wv)}) > 1 \
+                or len({p.bias is None for p in (wq, wk, wv)}) > 1:
+            swap.skipped["qkv_rotary"]["skipped: q/k/v projections of unequal kinds"] += 1
+            continue
+        key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in (wq, wk, wv)),
+               wq.weight.dtype)
+        if key not in _ATTENTION:
+            _ATTENTION[key] = _hf_qkv_mismatch(module, owner)
+        if _ATTENTION[key]:
+            swap.skipped["qkv_rotary"][_ATTENTION[key]] += 1
+            continue
+        patches += _hf_qkv_forwards(module, swap, lambda ws: _stacked(swap, *ws),
+                                    functools.partial(swap.run, "qkv_rotary"),
+                                    functools.partial(swap.fallback, "qkv_rotary"))
+    if patches and not swap.active("rotary_embedding"):
+        patches += _hf_rotary_patches(swap, model)  # for its pass-through of rotated q and k
+    return patches
+
+
+def _hf_qkv_forwards(module, flag, stacked, run, fallback):
+    """The patches that make `module` (a transformers attention layer) take q, k and v from one
+    run(x=..., w_qkv=..., ...) -> [B, S, Hq + 2 Hkv, D]; flag.qk_rotated tells its
+    apply_rotary_pos_emb that q and k are rotated already."""
+    projections = [module.q_proj, module.k_proj, module.v_proj]
+    w = module.q_proj.weight
+    D = module.head_dim
+    Hq, Hkv = w.shape[0] // D, module.k_proj.weight.shape[0] // D
+    original, tables, stash = module.forward, _HalfTables(), {}
+
+    def forward(hidden_states, position_embeddings=None, *args, **kwargs):
+        x, pe = hidden_states, position_embeddings
+        usable = isinstance(pe, tuple) and len(pe) == 2 and isinstance(x, torch.Tensor) \
+            and x.dim() == 3 and x.dtype == w.dtype and x.dtype in FLOAT_DTYPES \
+            and not module.training and pe[0].shape[-1] == D and pe[0].shape[-2] == x.shape[1]
+        halves = tables.get(*pe, x.dtype) if usable else None
+        if halves is None:
+            fallback("cos/sin not the shared half-duplicated tables of the heads")
+            return original(hidden_states, position_embeddings, *args, **kwargs)
+        weights, bias = stacked(projections)
+        qkv = run(x=x, w_qkv=weights, cos=halves[0], sin=halves[1], kv_heads=Hkv, bias=bias)
+        # [B, S, heads, D] slices seen as [B, S, heads * D]: what the layer's .view(B, S, -1, D)
+        # .transpose(1, 2) turns back into the kernel's layout, with no copy
+        for i, t in enumerate(qkv.split([Hq, Hkv, Hkv], dim=2)):
+            stash[i] = t.flatten(2)
+        flag.qk_rotated = True
+        try:
+            return original(hidden_states, position_embeddings, *args, **kwargs)
+        finally:
+            stash.clear()
+            flag.qk_rotated = False
+
+    def answering(i):
+        plain = projections[i].forward
+
+        def projection(x):
+            out = stash.pop(i, None)
+            return plain(x) if out is None else out
+        return projection
+    return [(module, "forward", forward)] + [(p, "forward", answering(i))
+                                             for i, p in enumerate(projections)]
+
+
+def _hf_qkv_mismatch(layer, owner):
+    """None when the layer with _hf_qkv_forwards (the eager reference as the kernel) computes what
+    it computes alone on a probe input, else why not. The probe runs a copy of the layer with
+    random parameters: with its own, a norm on q/k whose weights are still all ones (Qwen3's, as
+    initialized) commutes with the rotation and would pass, and then compute wrong values once
+    trained weights are loaded."""
+    import copy
+    import types
+
+    import reference
+    gen = torch.Generator().manual_seed(0)
+    module = copy.deepcopy(layer)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            r = torch.randn(p.shape, generator=gen)
+            p.copy_(r * p.shape[-1] ** -0.5 if p.dim() > 1 else r * 0.2 + name.endswith("weight"))
+    w = module.q_proj.weight
+    D, S = module.head_dim, 16
+    x = torch.randn((2, S, w.shape[1]), generator=gen).to(w)
+    half = torch.randn((S, D // 2), generator=gen)
+    cos, sin = (f(torch.cat([half, half], -1)).expand(2, S, D).contiguous().to(w)
+                for f in (torch.cos, torch.sin))
+    flag = types.SimpleNamespace(qk_rotated=False)
+
+    def passing_on(q, k, *args, _original=owner.apply_rotary_pos_emb, **kwargs):
+        if flag.qk_rotated:
+            flag.qk_rotated = False
+            return q, k
+        return _original(q, k, *args, **kwargs)
+    patches = _hf_qkv_forwards(module, flag, lambda ws: (
+        torch.cat([p.weight for p in ws]),
+        None if ws[0].bias is None else torch.cat([p.bias for p in ws])),
+        lambda **inputs: reference.qkv_rotary_eager(**inputs), lambda reason: None)
+    patches.append((owner, "apply_rotary_pos_emb", passing_on))
+    try:
+        with torch.no_grad():
+            want = module(x, position_embeddings=(cos, sin), attention_mask=None)
+            with _applied(patches):
+                got = module(x, position_embeddings=(cos, sin), attention_mask=None)
+    except Exception as e:  # noqa: BLE001
+        return f"skipped: the layer's forward raised {describe(e, 80)}"
+    want, got = (t[0] if isinstance(t, tuple) else t for t in (want, got))
+    if not isinstance(got, torch.Tensor) or not computed.agrees(got, want, w.dtype):
+        return "skipped: q/k/v are not the projections rotated by apply_rotary_pos_emb " \
+            "(probe mismatch)"
+    return None
 
 
 def _hf_mask_patches(swap, model):
@@ -1117,6 +1267,7 @@ SWAP_RULES = {
     "reduce": SwapRule(functions={(torch, "sum"): _sum, (T, "sum"): _sum},
                        contract_shape=lambda t: reduce_shape(tuple(t["x"].shape),
                                                              t["dim"] % t["x"].dim())[0]),
-    "qkv_rotary": SwapRule(modules=(_qkv_rotary_module,), contract_shape=_qkv_shape),
+    "qkv_rotary": SwapRule(modules=(_qkv_rotary_module,), patches=(_hf_qkv_patches,),
+                           contract_shape=_qkv_shape),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)

@@ -90,12 +90,14 @@ def test_profile_records_the_variant_and_extract_times_it(tmp_path):
     import extract
     from test_profile import run_profile
     ids = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(3))
-    for name, want in (("qwen2", {"kv_groups": 2}), ("bert", {"causal": False})):
+    # Qwen2's biased q/k/v projections are its qkv_rotary's; BERT's its matmuls
+    for name, want, biased in (("qwen2", {"kv_groups": 2}, "qkv_rotary"),
+                               ("bert", {"causal": False}, "matmul")):
         result = run_profile(build(name)[0], (ids,))
         merged = {m["kernel_type"]: m for m in extract.merge_by_type(result["entries"])[0]}
         assert merged["flash_attention"]["variant"] == want, (name, merged["flash_attention"])
         assert {"bias": True} in [d["variant"] for e in result["entries"]
-                                  if e["kernel_type"] == "matmul" for d in e["shape_detail"]]
+                                  if e["kernel_type"] == biased for d in e["shape_detail"]]
         profile = {"dtype": "fp32", "model": name}
         row = extract.write_kernel(merged["flash_attention"], 1, profile,
                                    autokernel.ROOT / "kernels", tmp_path / name, force=False)
@@ -222,3 +224,68 @@ def test_partial_rotary_runs_only_where_the_models_function_agrees(monkeypatch):
     rotary = by_name(report)["rotary_embedding"]
     assert rotary["fallbacks"] == {"partial rotary: the model's function differs": 1}, rotary
     assert report["correctness"]["passed"], report["correctness"]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gemma"])
+def test_qkv_rotary_runs_in_transformers_attention_layers(name):
+    """q_proj/k_proj/v_proj and apply_rotary_pos_emb as one kernel inside transformers' own
+    attention forward (Qwen2: biased projections; Llama: 4 q heads a kv head), with and
+    without a KV cache (the cache stores the kernel's rotated keys)."""
+    model, types = build(name)
+    types = tuple(t for t in types if t != "rotary_embedding") + ("qkv_rotary",)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    qkv = by_name(report)["qkv_rotary"]
+    assert qkv["calls"] > 0 and not qkv["fallbacks"] and not qkv["skipped"], qkv
+    assert report["correctness"]["passed"] and report["passed"], report["failures"]
+    from autokernel.swap import Swap
+    with torch.no_grad():
+        want = model(ids).logits
+        swap = Swap(kernels("qkv_rotary"))
+        with swap.installed(model):
+            got = model(ids).logits  # use_cache defaults to True: a DynamicCache
+    assert swap.calls["qkv_rotary"] == 1
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_qkv_rotary_skips_a_norm_between_projection_and_rotary():
+    """Qwen3 normalizes q and k per head before the rotary: a kernel that rotates in the
+    projection's epilogue would normalize rotated values. The probe (a copy of the layer with
+    random weights: Qwen3's norms start as all ones, where the two orders agree) says so, and
+    the rotary kernel takes the rotation alone."""
+    from autokernel.swap import Swap
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **DECODER, num_key_value_heads=2, head_dim=8)).eval()
+    with torch.no_grad():
+        for m in model.modules():  # trained-like norms: q/k's halves weighted differently
+            if "Norm" in type(m).__name__:
+                m.weight.copy_(torch.rand(m.weight.shape) + 0.5)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        swap = Swap(kernels("qkv_rotary", "rotary_embedding"))
+        with swap.installed(model):
+            got = model(ids, use_cache=False).logits
+    assert swap.calls == {"rotary_embedding": 2}, dict(swap.calls)  # q and k
+    assert any("probe mismatch" in r for r in swap.skipped["qkv_rotary"]), dict(swap.skipped)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_qkv_rotary_runs_inside_a_compiled_decoder():
+    """The swapped attention forward (kernel on entry, projections answering from its output,
+    the rotary passing q and k on) traces as one graph."""
+    from autokernel.swap import Swap
+    model, types = build("qwen2")
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        swap = Swap(kernels("qkv_rotary", "flash_attention", "rmsnorm"), compiled=True)
+        with swap.installed(model):
+            model(ids, use_cache=False)  # eager first, as verify.py does: the tables' verdict
+            swap.reset()
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+            got = compiled(ids, use_cache=False).logits
+    assert swap.calls["qkv_rotary"] == 1 and swap.calls["flash_attention"] == 1, dict(swap.calls)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

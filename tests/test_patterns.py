@@ -276,11 +276,12 @@ def entries_by_type(result):
             if e["kernel_type"]}
 
 
-def test_transformers_llama_profiles_as_before_plus_its_rotary(monkeypatch):
+def test_transformers_llama_profiles_as_before_plus_its_qkv_rotary(monkeypatch):
     """Every kernel type op names and module classes found in transformers' Llama is found
-    with capture too (same shapes, same variants), and its apply_rotary_pos_emb (a function,
-    no module) is now rotary_embedding; with eager attention, the written-out attention is
-    grouped-query causal flash_attention."""
+    with capture too (same shapes, same variants), except the q/k/v projections: those and
+    apply_rotary_pos_emb (a function, no module) are now one qkv_rotary, which the swap plugs
+    in; with eager attention, the written-out attention is grouped-query causal
+    flash_attention."""
     pytest.importorskip("transformers")
     from test_hf_models import build
     model, _ = build("llama")
@@ -291,13 +292,20 @@ def test_transformers_llama_profiles_as_before_plus_its_rotary(monkeypatch):
         before = run_profile(model, (ids,))
 
     def normalized(result):  # shapes of one entry in a fixed order
-        return {(k, tuple(sorted(s)), tuple(sorted(v))) for k, s, v in entries_by_type(result)}
+        return {(k, tuple(sorted(s)), tuple(sorted(v))) for k, s, v in entries_by_type(result)
+                if k != "matmul"}
+
+    def matmuls(result):
+        return {tuple(s) for e in result["entries"] if e["kernel_type"] == "matmul"
+                for s in e["shapes"]}
     assert normalized(before) <= normalized(captured)
-    names = {e["name"] for e in captured["entries"] if e["kernel_type"]}
-    assert {e["name"] for e in before["entries"] if e["kernel_type"]} <= names
-    rotary = [e for e in captured["entries"] if e["kernel_type"] == "rotary_embedding"]
-    assert [(e["name"], sorted(e["shapes"])) for e in rotary] == [
-        ("LlamaAttention", [[2, 1, 12, 8], [2, 4, 12, 8]])]          # the one kv head, and q
+    # q (32 wide), k and v (8: the one kv head) went to qkv_rotary; o_proj and lm_head stay
+    assert matmuls(before) - matmuls(captured) == {(24, 8, 32)}
+    assert matmuls(captured) == {(24, 32, 32), (24, 96, 32)}
+    qkv = [(e["name"], e["shapes"], e["pluggable"]) for e in captured["entries"]
+           if e["kernel_type"] == "qkv_rotary"]
+    assert qkv == [("LlamaAttention", [[2, 12, 32, 4, 1, 8]], True)]
+    assert not [e for e in captured["entries"] if e["kernel_type"] == "rotary_embedding"]
 
     model.config._attn_implementation = "eager"
     eager = run_profile(model, (ids,))
