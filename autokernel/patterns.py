@@ -984,8 +984,9 @@ def _rotary_match(n, nodes, x, cos, pairing):
 def qkv_rotary(n, values):
     """Two rotaries (half-split) of linear projections of one input h, and a third projection
     of h the size of the second (v): an attention layer's q/k/v, qkv_rotary (B, S, K, Hq, Hkv,
-    D). Found at the first rotary; it claims the three projections, the views between them and
-    the rotations; q and k rotated and v's view are read outside it."""
+    D); or the three as consecutive slices of one projection's columns (Phi-3's qkv_proj).
+    Found at the first rotary; it claims the projections, the views between them and the
+    rotations; q and k rotated and v's view are read outside it."""
     first = rotary(n, values)
     found = first and first.shape and _projection(first.source)
     if not found:
@@ -994,38 +995,84 @@ def qkv_rotary(n, values):
     for other in list(n.graph.nodes):
         second = rotary(other, values) if other is not n else None
         found2 = second and second.shape and _projection(second.source)
-        if found2 and arg(found2[0], 0) is h and found2[0] is not found[0]:
+        if found2 and arg(found2[0], 0) is h and (found2[0] is not found[0]) == (found[2] is None):
             break
     else:
         return None
-    # q has at least as many heads as k: grouped-query attention shares k among q heads
-    (q, (lin_q, views_q)), (k, (lin_k, views_k)) = sorted(
-        [(first, found), (second, found2)], key=lambda p: -shape(p[1][0])[-1])
-    v = next((u for u in h.users if op(u) == "linear" and u not in (lin_q, lin_k)
-              and shape(u)[-1] == shape(lin_k)[-1] and _biased_like(u, lin_k)), None)
-    if v is None or not _biased_like(lin_q, lin_k):
-        return None
+    # q has at least as many heads as k (grouped-query attention shares k among q heads); of
+    # one projection's slices, q's comes first
+    (q, (lin_q, views_q, cols_q)), (k, (lin_k, views_k, cols_k)) = sorted(
+        [(first, found), (second, found2)],
+        key=lambda p: (-p[0].shape[1], 0) if p[1][2] is None else (0, p[1][2].start or 0))
+    if cols_q is None:
+        v = next((u for u in h.users if op(u) == "linear" and u not in (lin_q, lin_k)
+                  and shape(u)[-1] == shape(lin_k)[-1] and _biased_like(u, lin_k)), None)
+        if v is None or not _biased_like(lin_q, lin_k):
+            return None
+    else:  # q, k and v: columns [0, a), [a, b) and [b, N) of the one projection
+        v = next((u for u in lin_q.users if (sl := _last_slice(u)) and sl[1].step in (None, 1)
+                  and sl[1].start == cols_k.stop and sl[1].stop in (None, sl[2])), None)
+        if v is None or cols_q.start not in (None, 0) or cols_q.stop != cols_k.start:
+            return None
     v_views, last = [], v
     while len(last.users) == 1 and op(u := next(iter(last.users))) in ("view", "reshape",
                                                                          "transpose"):
         v_views.append(u)
         last = u
     (B, Hq, S, D), Hkv = q.shape, k.shape[1]
-    nodes = {*q.nodes, *k.nodes, lin_q, lin_k, v, *views_q, *views_k, *v_views}
+    (out1, joins1), (out2, joins2) = _rejoined(first), _rejoined(second)
+    nodes = {*q.nodes, *k.nodes, lin_q, lin_k, v, *views_q, *views_k, *v_views, *joins1,
+             *joins2}
     # a spelling that slices q (or k) twice: the second slices read q too
     nodes |= {u for t in (q.source, k.source) for u in t.users
               if op(u) in VIEWS and all(w in nodes for w in u.users)}
-    m = Match("qkv_rotary", n, nodes, (B, S, shape(h)[-1], Hq, Hkv, D),
+    m = Match("qkv_rotary", out1, nodes, (B, S, shape(h)[-1], Hq, Hkv, D),
               {"bias": True} if _bias_of(lin_q) is not None else {},
-              outputs=(second.output, last))  # n is the first rotary's output
-    return m if k.shape[::2] == (B, S) and k.shape[3] == D else None
+              outputs=(out2, last))
+    return m if k.shape[::2] == (B, S) and k.shape[3] == D \
+        and shape(lin_q)[-1] in (Hq * D, (Hq + 2 * Hkv) * D) else None
+
+
+def _whole_slice(x):
+    """y when x is y[..., :n] with n at least y's last dim (all of it), else None."""
+    sl = _last_slice(x)
+    if sl is not None and sl[1].start in (None, 0) and sl[1].step in (None, 1) \
+            and (sl[1].stop is None or sl[1].stop >= sl[2]):
+        return sl[0]
+    return None
+
+
+def _rejoined(r):
+    """(output, extra nodes) of a rotary match: Phi-3 rotates x[..., :d] (d the tables' width)
+    and puts back cat([rotated, x[..., d:]], -1); where d covers all of x, the cat and the empty
+    slice are part of the rotary (the cat is its output)."""
+    y = _whole_slice(r.source)
+    users = list(r.output.users)
+    if y is not None and len(users) == 1 and op(users[0]) == "cat":
+        cat = users[0]
+        parts = arg(cat, 0)
+        rest = _last_slice(parts[1]) if len(parts) == 2 and parts[0] is r.output else None
+        if rest is not None and rest[0] is y and rest[1].start == rest[2] \
+                and is_last_dim(arg(cat, 1, "dim", 0), len(shape(cat) or ())):
+            return cat, (cat, parts[1])
+    return r.output, ()
 
 
 def _projection(x):
-    """(linear, the views after it) when x is a linear projection seen through views (the
-    view(B, S, H, D).transpose(1, 2) of an attention layer), else None."""
-    x, views = through(x, VIEWS - {"getitem", "expand", "expand_as", "repeat_interleave"})
-    return (x, views) if op(x) == "linear" else None
+    """(linear, the views after it, None) when x is a linear projection seen through views (the
+    view(B, S, H, D).transpose(1, 2) of an attention layer); (linear, views, the slice) when x is
+    a slice of a projection's columns seen through views; else None."""
+    whole = _whole_slice(x)
+    first = [x] if whole is not None else []
+    x, views = through(whole if whole is not None else x,
+                       VIEWS - {"getitem", "expand", "expand_as", "repeat_interleave"})
+    views = first + views
+    if op(x) == "linear":
+        return x, views, None
+    sl = _last_slice(x)
+    if sl is not None and op(sl[0]) == "linear" and sl[1].step in (None, 1):
+        return sl[0], views + [x], sl[1]
+    return None
 
 
 def _bias_of(lin):

@@ -828,7 +828,10 @@ def _qkv_rotary_module(swap, module):
 
 
 def _stacked(swap, *linears):
-    """[w_q; w_k; w_v] (and their biases): one copy, made once per weight version."""
+    """[w_q; w_k; w_v] (and their biases): one copy, made once per weight version (one fused
+    projection's own weight as it is)."""
+    if len(linears) == 1:
+        return linears[0].weight, linears[0].bias
     weights = swap.weights.stacked([p.weight for p in linears])
     bias = None if linears[0].bias is None else swap.weights.stacked([p.bias for p in linears])
     return weights, bias
@@ -1018,7 +1021,7 @@ def _hf_rotary_owners(model):
 
 # transformers' attention layers run their q/k/v projections and rotary as one qkv_rotary call:
 # the layer's own forward still runs (masks, caches, attention backends, sliding windows stay
-# transformers'), its three projections answer from the kernel's output made on entry, and its
+# transformers'), its projections answer from the kernel's output made on entry, and its
 # apply_rotary_pos_emb passes the rotated q and k on. Confirmed once per class and shapes on a
 # probe input against the layer as it is (a norm on q/k before the rotary, Qwen3's, differs).
 def _hf_qkv_patches(swap, model):
@@ -1026,27 +1029,21 @@ def _hf_qkv_patches(swap, model):
     patches = []
     for module in model.modules():
         owner = owners.get(type(module).__module__)
-        names = ("q_proj", "k_proj", "v_proj", "o_proj")
-        if owner is None or not all(isinstance(getattr(module, a, None), nn.Linear)
-                                    for a in names) or not isinstance(
-                getattr(module, "head_dim", None), int) \
-                or "position_embeddings" not in inspect.signature(module.forward).parameters:
+        found = _hf_projections(module) if owner is not None else None
+        if found is None:
             continue
-        wq, wk, wv = (getattr(module, a) for a in names[:3])
-        D = module.head_dim
-        if wk.weight.shape != wv.weight.shape or wq.weight.shape[0] % D or wk.weight.shape[0] % D \
-                or D % 2 or len({p.weight.dtype for p in (wq, wk, wv)}) > 1 \
-                or len({p.bias is None for p in (wq, wk, wv)}) > 1:
-            swap.skipped["qkv_rotary"]["skipped: q/k/v projections of unequal kinds"] += 1
+        if isinstance(found, str):
+            swap.skipped["qkv_rotary"][found] += 1
             continue
-        key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in (wq, wk, wv)),
-               wq.weight.dtype)
+        projections, Hq, Hkv = found
+        key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in projections),
+               projections[0].weight.dtype)
         if key not in _ATTENTION:
             _ATTENTION[key] = _hf_qkv_mismatch(module, owner)
         if _ATTENTION[key]:
             swap.skipped["qkv_rotary"][_ATTENTION[key]] += 1
             continue
-        patches += _hf_qkv_forwards(module, swap, lambda ws: _stacked(swap, *ws),
+        patches += _hf_qkv_forwards(module, swap, lambda ps: _stacked(swap, *ps),
                                     functools.partial(swap.run, "qkv_rotary"),
                                     functools.partial(swap.fallback, "qkv_rotary"))
     if patches and not swap.active("rotary_embedding"):
@@ -1054,14 +1051,40 @@ def _hf_qkv_patches(swap, model):
     return patches
 
 
+def _hf_projections(module):
+    """(projections, Hq, Hkv) of a transformers attention layer: q_proj, k_proj and v_proj, or
+    one qkv_proj (Phi-3) whose rows are q's, k's and v's; None if it is not one, or why not."""
+    D = getattr(module, "head_dim", None)
+    if not isinstance(D, int) or not isinstance(getattr(module, "o_proj", None), nn.Linear) \
+            or "position_embeddings" not in inspect.signature(module.forward).parameters:
+        return None
+    separate = [getattr(module, a, None) for a in ("q_proj", "k_proj", "v_proj")]
+    if all(isinstance(p, nn.Linear) for p in separate):
+        projections = separate
+        Hq, Hkv = separate[0].weight.shape[0] // D, separate[1].weight.shape[0] // D
+        even = separate[1].weight.shape == separate[2].weight.shape \
+            and all(p.weight.shape[0] % D == 0 for p in separate)
+    elif isinstance(getattr(module, "qkv_proj", None), nn.Linear):
+        projections = [module.qkv_proj]
+        config = getattr(module, "config", None)
+        Hq = getattr(config, "num_attention_heads", 0)
+        Hkv = getattr(config, "num_key_value_heads", None) or Hq
+        even = Hq > 0 and module.qkv_proj.weight.shape[0] == (Hq + 2 * Hkv) * D
+    else:
+        return None
+    if not even or D % 2 or len({p.weight.dtype for p in projections}) > 1 \
+            or len({p.bias is None for p in projections}) > 1:
+        return "skipped: q/k/v projections of unequal kinds"
+    return projections, Hq, Hkv
+
+
 def _hf_qkv_forwards(module, flag, stacked, run, fallback):
     """The patches that make `module` (a transformers attention layer) take q, k and v from one
     run(x=..., w_qkv=..., ...) -> [B, S, Hq + 2 Hkv, D]; flag.qk_rotated tells its
     apply_rotary_pos_emb that q and k are rotated already."""
-    projections = [module.q_proj, module.k_proj, module.v_proj]
-    w = module.q_proj.weight
+    projections, Hq, Hkv = _hf_projections(module)
+    w = projections[0].weight
     D = module.head_dim
-    Hq, Hkv = w.shape[0] // D, module.k_proj.weight.shape[0] // D
     original, tables, stash = module.forward, _HalfTables(), {}
 
     def forward(hidden_states, position_embeddings=None, *args, **kwargs):
@@ -1077,7 +1100,8 @@ def _hf_qkv_forwards(module, flag, stacked, run, fallback):
         qkv = run(x=x, w_qkv=weights, cos=halves[0], sin=halves[1], kv_heads=Hkv, bias=bias)
         # [B, S, heads, D] slices seen as [B, S, heads * D]: what the layer's .view(B, S, -1, D)
         # .transpose(1, 2) turns back into the kernel's layout, with no copy
-        for i, t in enumerate(qkv.split([Hq, Hkv, Hkv], dim=2)):
+        parts = qkv.split([Hq, Hkv, Hkv], dim=2) if len(projections) == 3 else (qkv,)
+        for i, t in enumerate(parts):
             stash[i] = t.flatten(2)
         flag.qk_rotated = True
         try:
@@ -1113,7 +1137,7 @@ def _hf_qkv_mismatch(layer, owner):
         for name, p in module.named_parameters():
             r = torch.randn(p.shape, generator=gen)
             p.copy_(r * p.shape[-1] ** -0.5 if p.dim() > 1 else r * 0.2 + name.endswith("weight"))
-    w = module.q_proj.weight
+    w = _hf_projections(module)[0][0].weight
     D, S = module.head_dim, 16
     x = torch.randn((2, S, w.shape[1]), generator=gen).to(w)
     half = torch.randn((S, D // 2), generator=gen)

@@ -226,11 +226,11 @@ def test_partial_rotary_runs_only_where_the_models_function_agrees(monkeypatch):
     assert report["correctness"]["passed"], report["correctness"]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gemma"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gemma", "phi3"])
 def test_qkv_rotary_runs_in_transformers_attention_layers(name):
-    """q_proj/k_proj/v_proj and apply_rotary_pos_emb as one kernel inside transformers' own
-    attention forward (Qwen2: biased projections; Llama: 4 q heads a kv head), with and
-    without a KV cache (the cache stores the kernel's rotated keys)."""
+    """q_proj/k_proj/v_proj (Phi-3: one qkv_proj) and apply_rotary_pos_emb as one kernel
+    inside transformers' own attention forward (Qwen2: biased projections; Llama: 4 q heads a
+    kv head), with and without a KV cache (the cache stores the kernel's rotated keys)."""
     model, types = build(name)
     types = tuple(t for t in types if t != "rotary_embedding") + ("qkv_rotary",)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))

@@ -240,6 +240,30 @@ def test_qkv_projections_with_rotary_are_one_qkv_rotary():
         ["rotary_embedding", "rotary_embedding"]
 
 
+WQKV = nn.Linear(16, 64, bias=False)  # q: 4 heads of 8, k and v: 2 each
+
+
+def test_one_projection_sliced_into_q_k_v_is_qkv_rotary():
+    """Phi-3's spelling: one projection whose columns are q, k and v, sliced; the rotary taken
+    on x[..., :D] and put back by cat with the (empty) rest. Slices that are not q, k, v in
+    that order are not one."""
+    x = torch.randn(2, 6, 16)
+
+    def rot_all(t):
+        return torch.cat([_rot(t[..., :8]), t[..., 8:]], dim=-1)
+
+    def layer(x, q_cols=(0, 32), k_cols=(32, 48), v_cols=(48, 64)):
+        qkv = WQKV(x)
+        q, k, v = (qkv[..., a:b].view(2, 6, -1, 8).transpose(1, 2)
+                   for a, b in (q_cols, k_cols, v_cols))
+        return rot_all(q), rot_all(k), v
+    assert kinds(layer, x) == [("qkv_rotary", (2, 6, 16, 4, 2, 8), {}, "")]
+    for cols in (dict(k_cols=(48, 64), v_cols=(32, 48)),   # v between q and k
+                 dict(k_cols=(32, 40), v_cols=(40, 64))):  # v wider than k
+        assert [k[0] for k in kinds(lambda x: layer(x, **cols), x)] == \
+            ["rotary_embedding", "rotary_embedding"], cols
+
+
 def test_a_value_read_outside_the_computation_keeps_it_apart():
     """A kernel computes the output only: a norm whose 1/rms is also returned is its ops."""
     def norm_and_scale(x):
