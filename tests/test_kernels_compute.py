@@ -268,20 +268,28 @@ print(compiled.asm["ptx"])
 """
 
 
+def compiled_for_sm90(script, *args):
+    """Run a compile script in a child without TRITON_INTERPRET; check what every Gluon kernel
+    for Hopper must show (wgmma, warp specialization's setmaxnreg, TMA; no register spills;
+    within the 227 KB of shared memory) and return the PTX."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=autokernel.ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, ptx = done.stdout.split("\n", 1)
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ".local" not in ptx, "register spills"
+    assert int(shared) <= 227 * 1024
+    return ptx
+
+
 @pytest.mark.parametrize("D,dtype,mask", [(128, "float16", "causal"), (64, "bfloat16", "causal"),
                                           (128, "float16", "full")])
 def test_attention_hopper_kernel_compiles_for_sm90(D, dtype, mask):
     """The Gluon kernel cannot run in the interpreter, but it compiles for an H100 without one:
     the wgmma/TMA/warp-specialization API it uses exists in this triton, and it neither spills
     nor outgrows shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90, str(D), dtype, mask], env=env,
-                          cwd=autokernel.ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shared, ptx = done.stdout.split("\n", 1)
-    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ".local" not in ptx, "register spills"
-    assert int(shared) <= 227 * 1024
+    compiled_for_sm90(COMPILE_FOR_SM90, str(D), dtype, mask)
 
 
 # The matmul starter's Gluon kernel for an H100, the same way: shared memory, then the PTX.
@@ -319,15 +327,7 @@ print(compiled.asm["ptx"])
 def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation):
     """Each schedule pick_hopper_config chooses compiles for an H100 without one: wgmma, TMA and
     warp specialization, no register spills, within the 227 KB of shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", MATMUL_FOR_SM90, shape, b_layout, activation],
-                          env=env, cwd=autokernel.ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shared, ptx = done.stdout.split("\n", 1)
-    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ".local" not in ptx, "register spills"
-    assert int(shared) <= 227 * 1024
+    compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation)
 
 
 # The qkv_rotary starter's Gluon kernel for an H100, the same way.
@@ -364,15 +364,7 @@ def test_qkv_rotary_hopper_kernel_compiles_for_sm90(N, D, bias):
     accumulator, compile for an H100 without one: no spills, within shared memory, and no
     shuffles or shared-memory round trips beyond the C tile's (the halves pair up in
     registers)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", QKV_ROTARY_FOR_SM90, str(N), str(D), bias],
-                          env=env, cwd=autokernel.ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shared, ptx = done.stdout.split("\n", 1)
-    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ".local" not in ptx, "register spills"
-    assert int(shared) <= 227 * 1024
+    ptx = compiled_for_sm90(QKV_ROTARY_FOR_SM90, str(N), str(D), bias)
     # warp_specialize's setup takes one ld.shared; a layout conversion through shared memory
     # would add a load per chunk of the tile, a shuffle-based one butterfly shuffles
     assert ptx.count("ld.shared") <= 1 and "shfl.sync.bfly" not in ptx
