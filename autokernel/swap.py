@@ -1102,7 +1102,7 @@ def _hf_qkv_forwards(module, flag, stacked, run, fallback):
         # .transpose(1, 2) turns back into the kernel's layout, with no copy
         parts = qkv.split([Hq, Hkv, Hkv], dim=2) if len(projections) == 3 else (qkv,)
         for i, t in enumerate(parts):
-            stash[i] = t.flatten(2)
+            stash[i] = (x, t.flatten(2))
         flag.qk_rotated = True
         try:
             return original(hidden_states, position_embeddings, *args, **kwargs)
@@ -1114,8 +1114,8 @@ def _hf_qkv_forwards(module, flag, stacked, run, fallback):
         plain = projections[i].forward
 
         def projection(x):
-            out = stash.pop(i, None)
-            return plain(x) if out is None else out
+            entry = stash.pop(i, None)  # answered for the layer's input only (not, say, a
+            return entry[1] if entry is not None and entry[0] is x else plain(x)  # cross-input)
         return projection
     return [(module, "forward", forward)] + [(p, "forward", answering(i))
                                              for i, p in enumerate(projections)]
