@@ -813,18 +813,34 @@ def _qkv_rotary_module(swap, module):
         return None
     wq, wk, wv, wo = projections
     D = 2 * cos.shape[1]
-    if wk.weight.shape != wv.weight.shape or wq.weight.shape[0] % D or wk.weight.shape[0] % D \
-            or len({p.weight.dtype for p in projections}) > 1 \
-            or len({p.bias is None for p in (wq, wk, wv)}) > 1:
-        return "skipped: q/k/v projections of unequal kinds"
+    if not _stackable([wq, wk, wv], D) or wo.weight.dtype != wq.weight.dtype:
+        return UNEQUAL_QKV
+    refused = _probed(module, projections, lambda: _attention_mismatch(
+        module, wq, wk, wv, wo, rotary, *_stacked(swap, wq, wk, wv)))
+    return refused or _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary)
+
+
+UNEQUAL_QKV = "skipped: q/k/v projections of unequal kinds"
+
+
+def _stackable(projections, D):
+    """Whether q/k/v projections (three, or one fused) stack into the kernel's w_qkv: whole
+    heads of D, k and v alike, one dtype, all biased or none."""
+    rows = [p.weight.shape[0] for p in projections]
+    return all(r % D == 0 for r in rows) \
+        and (len(projections) == 1 or projections[1].weight.shape == projections[2].weight.shape) \
+        and len({p.weight.dtype for p in projections}) == 1 \
+        and len({p.bias is None for p in projections}) == 1
+
+
+def _probed(module, projections, probe):
+    """probe() (None: the swap is confirmed, else why not), run once per class, projection
+    shapes and dtype."""
     key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in projections),
-           wq.weight.dtype)
+           projections[0].weight.dtype)
     if key not in _ATTENTION:
-        _ATTENTION[key] = _attention_mismatch(module, wq, wk, wv, wo, rotary,
-                                              *_stacked(swap, wq, wk, wv))
-    if _ATTENTION[key]:
-        return _ATTENTION[key]
-    return _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary)
+        _ATTENTION[key] = probe()
+    return _ATTENTION[key]
 
 
 def _stacked(swap, *linears):
@@ -968,9 +984,6 @@ def _hf_rotary_patches(swap, model):
 
         def apply_rotary_pos_emb(q, k, cos, sin, *args, _original=original, _tables=tables,
                                  _partial=partial, **kwargs):
-            if swap.qk_rotated:  # rotated on their way in (_hf_qkv_patches)
-                swap.qk_rotated = False
-                return q, k
             if not swap.active("rotary_embedding"):
                 return _original(q, k, cos, sin, *args, **kwargs)
             unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
@@ -1007,8 +1020,20 @@ def _hf_rotary_patches(swap, model):
                     swap.fallback("rotary_embedding", differs)
                     return theirs
             return ours
-        patches.append((owner, "apply_rotary_pos_emb", apply_rotary_pos_emb))
+        patches.append((owner, "apply_rotary_pos_emb", _passing_on(apply_rotary_pos_emb, swap)))
     return patches
+
+
+def _passing_on(apply, flag):
+    """apply_rotary_pos_emb that, once flag.qk_rotated is set (a qkv_rotary kernel rotated the
+    layer's q and k on their way in, _hf_qkv_patches), hands q and k back as they are and clears
+    it; apply otherwise."""
+    def apply_rotary_pos_emb(q, k, *args, **kwargs):
+        if flag.qk_rotated:
+            flag.qk_rotated = False
+            return q, k
+        return apply(q, k, *args, **kwargs)
+    return apply_rotary_pos_emb
 
 
 def _hf_rotary_owners(model):
@@ -1035,15 +1060,11 @@ def _hf_qkv_patches(swap, model):
         if isinstance(found, str):
             swap.skipped["qkv_rotary"][found] += 1
             continue
-        projections, Hq, Hkv = found
-        key = (type(module), tuple((tuple(p.weight.shape), p.bias is None) for p in projections),
-               projections[0].weight.dtype)
-        if key not in _ATTENTION:
-            _ATTENTION[key] = _hf_qkv_mismatch(module, owner)
-        if _ATTENTION[key]:
-            swap.skipped["qkv_rotary"][_ATTENTION[key]] += 1
+        refused = _probed(module, found[0], lambda: _hf_qkv_mismatch(module, owner))
+        if refused:
+            swap.skipped["qkv_rotary"][refused] += 1
             continue
-        patches += _hf_qkv_forwards(module, swap, lambda ps: _stacked(swap, *ps),
+        patches += _hf_qkv_forwards(module, found, swap, lambda ps: _stacked(swap, *ps),
                                     functools.partial(swap.run, "qkv_rotary"),
                                     functools.partial(swap.fallback, "qkv_rotary"))
     if patches and not swap.active("rotary_embedding"):
@@ -1062,27 +1083,25 @@ def _hf_projections(module):
     if all(isinstance(p, nn.Linear) for p in separate):
         projections = separate
         Hq, Hkv = separate[0].weight.shape[0] // D, separate[1].weight.shape[0] // D
-        even = separate[1].weight.shape == separate[2].weight.shape \
-            and all(p.weight.shape[0] % D == 0 for p in separate)
     elif isinstance(getattr(module, "qkv_proj", None), nn.Linear):
         projections = [module.qkv_proj]
         config = getattr(module, "config", None)
         Hq = getattr(config, "num_attention_heads", 0)
         Hkv = getattr(config, "num_key_value_heads", None) or Hq
-        even = Hq > 0 and module.qkv_proj.weight.shape[0] == (Hq + 2 * Hkv) * D
     else:
         return None
-    if not even or D % 2 or len({p.weight.dtype for p in projections}) > 1 \
-            or len({p.bias is None for p in projections}) > 1:
-        return "skipped: q/k/v projections of unequal kinds"
+    if D % 2 or not _stackable(projections, D) \
+            or sum(p.weight.shape[0] for p in projections) != (Hq + 2 * Hkv) * D or Hq == 0:
+        return UNEQUAL_QKV
     return projections, Hq, Hkv
 
 
-def _hf_qkv_forwards(module, flag, stacked, run, fallback):
-    """The patches that make `module` (a transformers attention layer) take q, k and v from one
-    run(x=..., w_qkv=..., ...) -> [B, S, Hq + 2 Hkv, D]; flag.qk_rotated tells its
-    apply_rotary_pos_emb that q and k are rotated already."""
-    projections, Hq, Hkv = _hf_projections(module)
+def _hf_qkv_forwards(module, found, flag, stacked, run, fallback):
+    """The patches that make `module` (a transformers attention layer whose projections are
+    found = _hf_projections(module)) take q, k and v from one run(x=..., w_qkv=..., ...) ->
+    [B, S, Hq + 2 Hkv, D]; flag.qk_rotated tells its apply_rotary_pos_emb that q and k are
+    rotated already."""
+    projections, Hq, Hkv = found
     w = projections[0].weight
     D = module.head_dim
     original, tables, stash = module.forward, _HalfTables(), {}
@@ -1137,24 +1156,20 @@ def _hf_qkv_mismatch(layer, owner):
         for name, p in module.named_parameters():
             r = torch.randn(p.shape, generator=gen)
             p.copy_(r * p.shape[-1] ** -0.5 if p.dim() > 1 else r * 0.2 + name.endswith("weight"))
-    w = _hf_projections(module)[0][0].weight
+    found = _hf_projections(module)
+    w = found[0][0].weight
     D, S = module.head_dim, 16
     x = torch.randn((2, S, w.shape[1]), generator=gen).to(w)
     half = torch.randn((S, D // 2), generator=gen)
     cos, sin = (f(torch.cat([half, half], -1)).expand(2, S, D).contiguous().to(w)
                 for f in (torch.cos, torch.sin))
     flag = types.SimpleNamespace(qk_rotated=False)
-
-    def passing_on(q, k, *args, _original=owner.apply_rotary_pos_emb, **kwargs):
-        if flag.qk_rotated:
-            flag.qk_rotated = False
-            return q, k
-        return _original(q, k, *args, **kwargs)
-    patches = _hf_qkv_forwards(module, flag, lambda ws: (
+    patches = _hf_qkv_forwards(module, found, flag, lambda ws: (
         torch.cat([p.weight for p in ws]),
         None if ws[0].bias is None else torch.cat([p.bias for p in ws])),
         lambda **inputs: reference.qkv_rotary_eager(**inputs), lambda reason: None)
-    patches.append((owner, "apply_rotary_pos_emb", passing_on))
+    patches.append((owner, "apply_rotary_pos_emb",
+                    _passing_on(owner.apply_rotary_pos_emb, flag)))
     try:
         with torch.no_grad():
             want = module(x, position_embeddings=(cos, sin), attention_mask=None)
