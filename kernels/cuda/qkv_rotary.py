@@ -563,6 +563,24 @@ static bool make_map(CUtensorMap* map, const void* ptr, long long rows, long lon
            CUDA_SUCCESS;
 }
 
+// Opt a kernel in to more than 48 KB of dynamic shared memory, once per kernel and device (the
+// attribute persists; a CUDA graph being captured then never sees the call).
+static void allow_smem(const void* kernel, int bytes) {
+    static const void* done[64];
+    static int devices[64], count = 0;
+    int device = 0;
+    cudaGetDevice(&device);
+    for (int i = 0; i < count; ++i)
+        if (done[i] == kernel && devices[i] == device) return;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (count < 64) {
+        done[count] = kernel;
+        devices[count++] = device;
+    }
+}
+
+static bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
 static int sm_count() {  // of the current device, asked once per device
     static int counts[64] = {};
     int device = 0;
@@ -579,24 +597,16 @@ template <typename T, int HD>
 static bool launch_wgmma(const void* x, const void* w, const void* bias, const void* c,
                          const void* s, void* out, const Args& a, cudaStream_t stream) {
     using namespace hopper;
-    const auto aligned = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
     const long long N = (long long)a.heads * HD;
     if (a.xk != 1 || a.wk != 1 || (a.M > a.S && a.xb != a.S * a.xs) || (a.xs * 2) % 16 ||
-        (a.wn * 2) % 16 || a.K % 8 || !aligned(x) || !aligned(w) || !aligned(out) ||
+        (a.wn * 2) % 16 || a.K % 8 || !aligned16(x) || !aligned16(w) || !aligned16(out) ||
         a.M > 0x7fffffff)
         return false;
     CUtensorMap tx, tw, to;
     if (!make_map<T>(&tx, x, a.M, a.K, a.xs, BK, BM) || !make_map<T>(&tw, w, N, a.K, a.wn, BK, BN)
         || !make_map<T>(&to, out, a.M, N, N, 64, 64))
         return false;
-    static bool smem_allowed[64] = {};  // the attribute persists: once per device
-    int device = 0;
-    cudaGetDevice(&device);
-    if (device >= 64 || !smem_allowed[device]) {
-        cudaFuncSetAttribute((const void*)qkv_rotary_wgmma<T, HD>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-        if (device < 64) smem_allowed[device] = true;
-    }
+    allow_smem((const void*)qkv_rotary_wgmma<T, HD>, SMEM);
     const long long tiles = ((a.M + BM - 1) / BM) * ((N + BN - 1) / BN);
     const unsigned grid = (unsigned)(tiles < sm_count() ? tiles : sm_count());
     qkv_rotary_wgmma<T, HD><<<grid, THREADS, SMEM, stream>>>(
@@ -617,9 +627,8 @@ int launch(const void* x, const void* w, const void* bias, const void* c, const 
 #undef AK_WGMMA
         }
 #endif
-        const auto aligned = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
         const bool vec = a.xk == 1 && a.wk == 1 && a.K % 8 == 0 && a.xb % 8 == 0 &&
-                         a.xs % 8 == 0 && a.wn % 8 == 0 && aligned(x) && aligned(w);
+                         a.xs % 8 == 0 && a.wn % 8 == 0 && aligned16(x) && aligned16(w);
         switch (a.D) {  // the head dims of real models; others take the CUDA-core kernel
 #define AK_MMA(D) case D: return launch_mma<T, D / 8>(x, w, bias, c, s, out, a, vec, stream);
             AK_MMA(16) AK_MMA(32) AK_MMA(64) AK_MMA(80) AK_MMA(96) AK_MMA(128) AK_MMA(256)
