@@ -360,9 +360,9 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, backend
             graphs=False, run_ref=None, compile_alone=False):
     """Eager, torch.compile (with `backend`; None or "none": not timed), torch.compile with the
     kernels inside, all kernels, and each kernel alone (for its share of the gain;
-    compile_alone: inside torch.compile too). graphs: every
-    one of them timed as CUDA graph replays (no launch overhead). run_ref: the original's
-    checked_forward, which the compiled models with kernels are compared against."""
+    compile_alone: inside torch.compile too). graphs: every one of them timed as CUDA graph
+    replays (no launch overhead). run_ref: the original's checked_forward, which the compiled
+    models with kernels are compared against."""
     kernels = [k for k, _ in used]
     warmup = (5 if autokernel.CUDA else 1) if warmup is None else warmup
     repeat = (20 if autokernel.CUDA else 3) if repeat is None else repeat
