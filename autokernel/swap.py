@@ -49,6 +49,7 @@ The rules (SWAP_RULES, one entry per kernel type):
     vocabulary. The kernel is picked and reported by the model's shape, N=50257.
 """
 import contextlib
+import copy
 import functools
 import importlib
 import inspect
@@ -815,8 +816,7 @@ def _qkv_rotary_module(swap, module):
     D = 2 * cos.shape[1]
     if not _stackable([wq, wk, wv], D) or wo.weight.dtype != wq.weight.dtype:
         return UNEQUAL_QKV
-    refused = _probed(module, projections, lambda: _attention_mismatch(
-        module, wq, wk, wv, wo, rotary, *_stacked(swap, wq, wk, wv)))
+    refused = _probed(module, projections, lambda: _attention_mismatch(module, names))
     return refused or _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary)
 
 
@@ -863,13 +863,18 @@ def _qkv_attention(qkv_fn, x, wq, wk, wv, wo, D):
     return wo(y.transpose(1, 2).reshape(B, S, Hq * D))
 
 
-def _attention_mismatch(module, wq, wk, wv, wo, rotary, weights, bias):
-    """None when the module's forward(x) is _qkv_attention on a probe input, else why not
-    (weights, bias: the stacked q/k/v ones)."""
+def _attention_mismatch(layer, names):
+    """None when the layer's forward(x) is _qkv_attention on a probe input (a random copy of the
+    layer: _random_copy), else why not. names: its q/k/v/o projections' attributes."""
     import reference
+    gen = torch.Generator().manual_seed(0)
+    module = _random_copy(layer, gen)
+    wq, wk, wv, wo = (getattr(module, a) for a in names)
+    rotary = module.rotary
+    weights, bias = _cat_qkv([wq, wk, wv])
     w = wq.weight
     S = min(16, rotary.cos.shape[0])
-    x = torch.randn((2, S, w.shape[1]), generator=torch.Generator().manual_seed(0)).to(w)
+    x = torch.randn((2, S, w.shape[1]), generator=gen).to(w)
     cos, sin = (t[:S].to(w.dtype) for t in (rotary.cos, rotary.sin))
     try:
         with torch.no_grad():
@@ -881,6 +886,24 @@ def _attention_mismatch(module, wq, wk, wv, wo, rotary, weights, bias):
     if not isinstance(got, torch.Tensor) or not computed.agrees(got, want, w.dtype):
         return "skipped: forward is not causal attention over rotary q/k (probe mismatch)"
     return None
+
+
+def _random_copy(layer, gen):
+    """A copy of an attention layer with random parameters, for a probe. With its own, a norm on
+    q/k whose weights are still all ones (Qwen3's, as initialized) commutes with the rotation:
+    the probe would pass, and the swap compute wrong values once trained weights are loaded."""
+    module = copy.deepcopy(layer)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            r = torch.randn(p.shape, generator=gen)
+            p.copy_(r * p.shape[-1] ** -0.5 if p.dim() > 1 else r * 0.2 + name.endswith("weight"))
+    return module
+
+
+def _cat_qkv(projections):
+    """(w_qkv, bias) of q/k/v projections stacked afresh: a probe's, on its copy's weights."""
+    bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+    return torch.cat([p.weight for p in projections]), bias
 
 
 def _qkv_rotary_forward(swap, module, wq, wk, wv, wo, rotary):
@@ -1142,20 +1165,13 @@ def _hf_qkv_forwards(module, found, flag, stacked, run, fallback):
 
 def _hf_qkv_mismatch(layer, owner):
     """None when the layer with _hf_qkv_forwards (the eager reference as the kernel) computes what
-    it computes alone on a probe input, else why not. The probe runs a copy of the layer with
-    random parameters: with its own, a norm on q/k whose weights are still all ones (Qwen3's, as
-    initialized) commutes with the rotation and would pass, and then compute wrong values once
-    trained weights are loaded."""
-    import copy
+    it computes alone on a probe input (a random copy of the layer: _random_copy), else why
+    not."""
     import types
 
     import reference
     gen = torch.Generator().manual_seed(0)
-    module = copy.deepcopy(layer)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            r = torch.randn(p.shape, generator=gen)
-            p.copy_(r * p.shape[-1] ** -0.5 if p.dim() > 1 else r * 0.2 + name.endswith("weight"))
+    module = _random_copy(layer, gen)
     found = _hf_projections(module)
     w = found[0][0].weight
     D, S = module.head_dim, 16
@@ -1164,10 +1180,9 @@ def _hf_qkv_mismatch(layer, owner):
     cos, sin = (f(torch.cat([half, half], -1)).expand(2, S, D).contiguous().to(w)
                 for f in (torch.cos, torch.sin))
     flag = types.SimpleNamespace(qk_rotated=False)
-    patches = _hf_qkv_forwards(module, found, flag, lambda ws: (
-        torch.cat([p.weight for p in ws]),
-        None if ws[0].bias is None else torch.cat([p.bias for p in ws])),
-        lambda **inputs: reference.qkv_rotary_eager(**inputs), lambda reason: None)
+    patches = _hf_qkv_forwards(module, found, flag, _cat_qkv,
+                               lambda **inputs: reference.qkv_rotary_eager(**inputs),
+                               lambda reason: None)
     patches.append((owner, "apply_rotary_pos_emb",
                     _passing_on(owner.apply_rotary_pos_emb, flag)))
     try:

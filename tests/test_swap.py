@@ -148,6 +148,23 @@ class NotCausal(llama.Attention):
         return self.wo(y.transpose(1, 2).reshape(B, S, C))
 
 
+class ScaledQK(llama.Attention):
+    """LLaMA's attention with q and k scaled per dim before the rotary by a learned vector,
+    initialized to ones: the identity until trained, which the swapped forward leaves out."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.qk_scale = nn.Parameter(torch.ones(self.head_dim))
+
+    def forward(self, x):
+        B, S, C = x.shape
+        q, k, v = (w(x).view(B, S, self.n_head, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        q, k = self.rotary(q * self.qk_scale), self.rotary(k * self.qk_scale)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, S, C))
+
+
 def test_qkv_rotary_replaces_an_attention_layers_projections_and_rotary():
     torch.manual_seed(0)
     model = llama.LLaMA(TINY_LLAMA).eval()
@@ -164,5 +181,14 @@ def test_qkv_rotary_replaces_an_attention_layers_projections_and_rotary():
     swap = Swap(kernels("qkv_rotary"))
     with torch.no_grad(), swap.installed(odd):
         odd(torch.randn(1, 8, TINY_LLAMA.dim))
+    assert swap.calls == {}
+    assert "probe mismatch" in next(iter(swap.skipped["qkv_rotary"]))
+
+    # Right while the scale is all ones, wrong once trained weights are loaded: the probe runs a
+    # copy with random weights and refuses it.
+    scaled = ScaledQK(TINY_LLAMA).eval()
+    swap = Swap(kernels("qkv_rotary"))
+    with torch.no_grad(), swap.installed(scaled):
+        scaled(torch.randn(1, 8, TINY_LLAMA.dim))
     assert swap.calls == {}
     assert "probe mismatch" in next(iter(swap.skipped["qkv_rotary"]))
