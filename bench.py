@@ -51,6 +51,7 @@ DEFAULT_TIMEOUT_S = 180
 STARTUP_LIMIT_S = 60 if ak.CUDA else 180  # a child importing torch and the kernel file
 COMPILE_LIMIT_S = 240  # the same for a CUDA C++ kernel file, whose import runs nvcc (uncached)
 REQUEST_LIMIT_S = 30 if ak.CUDA else 90   # one call (compiling and autotuning included)
+IDLE_LIFE_S = 3600  # the idle kernel's process: the timing's whole length, at most
 REPLY_BYTES = 8 << 20  # a timing window describes up to timing.MAX_SETS outputs
 CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
 IDLE_KERNEL = ak.ROOT / "autokernel" / "idle_kernel.py"  # the window floor's (timing.py)
@@ -305,6 +306,10 @@ class ChildRunner:
     def window(self):
         return self.request(("window",), spin=ak.CUDA)
 
+    def alone(self):
+        """Every other process below the judge stopped while this child's window is timed."""
+        return state.others_stopped(self.proc.pid)
+
     def ping(self):
         return self.request(("ping",))
 
@@ -415,8 +420,8 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
     else:
         how = f"plain launches ({rounds['graph'] or 'a CPU: no CUDA graphs'})"
     if rounds["floor_us"]:
-        how += f", {rounds['floor_us']:.0f} us a window subtracted (the floor: an idle kernel's " \
-               "window)"
+        how += f", {rounds['floor_us']:.0f} us a window subtracted (the floor: the judge's idle " \
+               "kernel's windows in the same rounds)"
     elif ak.CUDA:
         how += f", nothing subtracted ({rounds['floor_why']})"
     print(f"timing_windows: {rounds['sets']} calls a window, {how}", flush=True)
@@ -437,8 +442,9 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
 
 
 def start_idle():
-    """The judge's idle kernel (autokernel/idle_kernel.py) in a child, for the window floor."""
-    runner = ChildRunner(IDLE_KERNEL, time.monotonic() + STARTUP_LIMIT_S, STARTUP_LIMIT_S)
+    """The judge's idle kernel (autokernel/idle_kernel.py) in a child, for the window floor. It
+    lives through the timing; each of its requests still has REQUEST_LIMIT_S."""
+    runner = ChildRunner(IDLE_KERNEL, time.monotonic() + IDLE_LIFE_S, IDLE_LIFE_S)
     try:
         hello = runner.start()
     except ChildGone as e:

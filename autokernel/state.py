@@ -84,6 +84,46 @@ def children(pid=None):
     return found
 
 
+def descendants(pid=None):
+    """Every pid below `pid` (default: this process), children first."""
+    parent = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [os.getpid() if pid is None else pid]
+    while frontier:
+        below = [p for p, pp in parent.items() if pp in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+@contextlib.contextmanager
+def others_stopped(keep):
+    """Every process below this one stopped (SIGSTOP) but `keep` and the processes below it,
+    and continued (SIGCONT) on leaving: while one kernel's window is on the clock, no other
+    kernel's process (nor anything it started, in any session) can take a CPU or launch GPU
+    work. Scans again until a scan finds nothing new (a process may fork meanwhile)."""
+    stopped = set()
+    try:
+        for _ in range(10):
+            spared = {keep, *descendants(keep)}
+            new = [p for p in descendants() if p not in spared and p not in stopped]
+            if not new:
+                break
+            for p in new:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p, signal.SIGSTOP)
+                    stopped.add(p)
+        yield
+    finally:
+        for p in stopped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGCONT)
+
+
 def kill_descendants(timeout_s=5.0, spare=()):
     """SIGKILL every process below this one (and reap it) until none is left, but the pids in
     spare. Returns how many there were. Killing a parent reparents its children to us

@@ -16,12 +16,17 @@ look faster:
 - nothing the kernel's process could leave out is subtracted from the wall clock (subtracting
   work it was trusted to do would reward skipping it): only the floor of a window, what any
   process pays for one and none can beat (the pipe both ways, the GPU switching from the judge's
-  context to the kernel's and back for the reads), measured as the fastest of many windows of an
-  idle kernel of the judge's own (one tiny copy) in its own process. While a window runs, the
-  judge and the kernel's process poll their pipe rather than sleep on it. With neither, the same
-  code read 7-15% slower through a child than in the judge's process, where the baselines are
-  timed; with both, 2-6% (H100, H200: GPU time inside the child's own replay, cause unknown;
-  BENCHMARKS.md, section 20).
+  context to the kernel's and back for the reads): the median window of an idle kernel of the
+  judge's own (one tiny copy, in its own process), taken in the same rounds as the kernels'
+  windows, in turn in every position. While a window runs, the judge and the kernel's process
+  poll their pipe rather than sleep on it, and every other process below the judge is stopped
+  (SIGSTOP), so no kernel's process can take a CPU or launch GPU work during another's window
+  (GPU work it queued before answering still runs: not guarded yet). Inside a child the GPU
+  time of a window's graph is the judge's own (CUDA events, H100: 46.3 us a call against 46.6);
+  with the floor taken once, before the sets existed, windows through a child read 7-9% slower
+  than the same code in the judge's process, where the baselines are timed; with the floor in
+  the rounds, 0.999-1.004x (reduce, softmax, matmul; rotary's 2.5 ms windows, where the floor
+  is a quarter of the window, 1.085x in one run: BENCHMARKS.md, section 25).
 On a GPU the kernel's process captures the window's calls in one CUDA graph when it can, so
 launch overhead does not count (as in a model under CUDA graphs); a kernel that cannot be captured
 is timed as plain launches, each output copied into a slot, overhead included. Back-to-back calls
@@ -41,6 +46,7 @@ kept version that fails its windows leaves the pairing (bench.py then holds the 
 kept version's recorded latency).
 """
 import base64
+import contextlib
 import os
 import random
 import statistics
@@ -62,7 +68,7 @@ WINDOW_S = 0.01  # target length of one window of calls (GPU)
 MAX_SETS = 2000 if ak.CUDA else 2  # the interpreter: two calls show a cache, seconds each
 WINDOW_BYTES = 16 << 30  # at most, for the windows' sets and outputs (and a third of free memory)
 FLUSH_BYTES = 512 << 20  # larger than any L2
-SAMPLED_OUTPUTS, SAMPLED_ELEMENTS = 4, 64  # read before the clock stops (see window_us)
+SAMPLED_OUTPUTS, SAMPLED_ELEMENTS = 4, 64  # read before the clock stops (window_wall)
 SHM = "/dev/shm"  # where shm_open's names live on Linux (torch's IPC reference counters)
 # The judge's clock may exceed the report by this factor plus this slack (the pipe, the clock,
 # noise; on a CPU the interpreter shares two cores with everything else).
@@ -95,12 +101,12 @@ BEHAVES = "behaves differently when timed"
 
 def paired_rounds(candidate, kept, case, start_idle=None):
     """Time the candidate (and the kept version, when given) in alternating windows, less the
-    window floor measured with start_idle() (the judge's idle runner; None: no floor). Returns
-    {"candidate": [judge us...], "kept": [judge us...] or None, "claimed": the candidate's own
-    do_bench medians, "reply": its report, "graph": True when its windows replayed a CUDA graph,
-    else why not ("" on a CPU), "kept_dropped": why the kept version left the pairing, or None,
-    "sets": calls a window, "floor_us": what was subtracted from each window}."""
-    floor_s = window_floor_s(start_idle)
+    window floor: the idle windows of start_idle() (the judge's idle runner; None: no floor),
+    taken in the same rounds. Returns {"candidate": [judge us...], "kept": [judge us...] or
+    None, "claimed": the candidate's own do_bench medians, "reply": its report, "graph": True
+    when its windows replayed a CUDA graph, else why not ("" on a CPU), "kept_dropped": why the
+    kept version left the pairing, or None, "sets": calls a window, "floor_us": what was
+    subtracted from each window, "floor_why": why nothing was, or ""}."""
     seed = fresh_seed()
     inputs = case.make(seed)
     reply = candidate.time(inputs, buffer := case.blank())
@@ -128,44 +134,70 @@ def paired_rounds(candidate, kept, case, start_idle=None):
             runners["kept"], dropped = None, str(e)
         if name == "candidate":
             graph = True if not isinstance(where[name], Slots) else where[name].why
-    times = {"candidate": [], "kept": []}
-    r = -WARMUP_ROUNDS
-    while r < ROUNDS:
-        took, spoiled = {name: 0.0 for name, runner in runners.items() if runner}, False
-        for k in range(WINDOWS_PER_ROUND):
-            flip = (r * WINDOWS_PER_ROUND + k) % 2  # neither always goes first
-            try:
-                for name, us in paired_window(runners, where, case, sets, floor_s, flip).items():
-                    took[name] += us / WINDOWS_PER_ROUND
-            except KeptDropped as e:  # the round again, without the kept version
-                runners["kept"], dropped, spoiled = None, str(e), True
-                break
-        if spoiled:
-            continue
-        if r >= 0:
-            for name, us in took.items():
-                times[name].append(us)
-        r += 1
-    kept_times = times["kept"] if runners["kept"] is not None else None
-    return {"candidate": times["candidate"], "kept": kept_times, "claimed": [claimed],
-            "reply": reply, "graph": graph, "kept_dropped": dropped, "sets": len(sets),
-            "floor_us": floor_s * 1e6, "floor_why": _state.get("floor_why", "")}
+    idle, floor_why = start_floor(start_idle)
+    walls = {"candidate": [], "kept": [], "idle": []}  # per timed round: its windows' mean, s
+    try:
+        r = -WARMUP_ROUNDS
+        while r < ROUNDS:
+            took, spoiled = {}, False
+            for k in range(WINDOWS_PER_ROUND):
+                try:
+                    got = paired_window(runners, where, case, sets, idle,
+                                        turn=r * WINDOWS_PER_ROUND + k)
+                except KeptDropped as e:  # the round again, without the kept version
+                    runners["kept"], dropped, spoiled = None, str(e), True
+                    break
+                except IdleFailed as e:  # the round again, with nothing subtracted (the honest
+                    idle, floor_why, spoiled = idle.stop(), f"the idle kernel failed: {e}", True
+                    break  # error's direction)
+                for name, wall in got.items():
+                    took[name] = took.get(name, 0.0) + wall / WINDOWS_PER_ROUND
+            if spoiled:
+                continue
+            if r >= 0:
+                for name, wall in took.items():
+                    walls[name].append(wall)
+            r += 1
+    finally:
+        if idle is not None:
+            idle.stop()
+    floor_s = median(walls["idle"]) if idle is not None and walls["idle"] else 0.0
+    per_call = lambda ws: [max(w - floor_s, 0.0) / len(sets) * 1e6 for w in ws]  # noqa: E731
+    return {"candidate": per_call(walls["candidate"]),
+            "kept": per_call(walls["kept"]) if runners["kept"] is not None else None,
+            "claimed": [claimed], "reply": reply, "graph": graph, "kept_dropped": dropped,
+            "sets": len(sets), "floor_us": floor_s * 1e6, "floor_why": floor_why}
 
 
 class KeptDropped(Exception):
     """The kept version failed a window: why (it leaves the pairing; the candidate goes on)."""
 
 
-def paired_window(runners, where, case, sets, floor_s, flip):
-    """One window for each runner on the same freshly rewritten sets, every output checked:
-    {name: us per call}. A failing candidate raises TimingError, a failing kept version
-    KeptDropped."""
+class IdleFailed(Exception):
+    """The judge's idle kernel failed a window: why (the run goes on without a floor)."""
+
+
+def paired_window(runners, where, case, sets, idle, turn):
+    """One window for each runner on the same freshly rewritten sets, every output checked, and
+    one of the idle kernel (when there is one): {name: wall s of the whole window, "idle" too}.
+    The order turns with `turn`, so no runner always goes first; an untimed idle window comes
+    right after the rewrite (on the H100 the first window after it read ~400 us longer, which
+    would otherwise fall on one runner). A failing candidate raises TimingError, a failing kept
+    version KeptDropped, a failing idle kernel IdleFailed."""
     seeds = refresh(case, sets)
-    order = [(name, runner) for name, runner in runners.items() if runner is not None]
+    order = [(name, runner, where[name]) for name, runner in runners.items() if runner]
+    if idle is not None:
+        idle.refresh()
+        idle.window()  # settles the GPU after the rewrite; not timed
+        order.append(("idle", idle.runner, idle.outputs))
+    order = order[turn % len(order):] + order[:turn % len(order)]
     took, outputs = {}, {}
-    for name, runner in order[::-1] if flip else order:
+    for name, runner, outs in order:
+        if name == "idle":
+            took[name] = idle.window()
+            continue
         try:
-            took[name], outputs[name] = window_us(runner, len(sets), name, where[name], floor_s)
+            took[name], outputs[name] = window_wall(runner, name, outs)
             changed = changed_set(case, sets, seeds)
             if changed is not None:
                 raise TimingError(f"timing: input set {changed} was changed during its "
@@ -262,7 +294,7 @@ def window_sets(case, claimed_us, runners):
 def refresh(case, sets):
     """New random values in every set, in place (the kernel's processes hold these tensors).
     Returns the seeds that make each set again. The L2 flush comes later, right before the
-    clock starts (window_us, trusted_window_us)."""
+    clock starts (window_wall, trusted_window_us)."""
     seeds = [fresh_seed() for _ in sets]
     for held, seed in zip(sets, seeds):
         for key, t in case.make(seed).items():
@@ -271,23 +303,24 @@ def refresh(case, sets):
     return seeds
 
 
-def window_us(runner, n, name, outputs, floor_s):
-    """One window on the judge's clock, less floor_s: (us per call, copies of its n outputs).
-    The clock stops once a few elements of a few outputs, picked at random, are read here (the
-    time those reads take here is not counted); the copies come after and must agree with them,
-    so work the kernel's process leaves running after its answer is either on the clock or
-    caught."""
+def window_wall(runner, name, outputs):
+    """One window on the judge's clock: (wall s of the whole window, copies of its outputs).
+    Every other process below the judge is stopped meanwhile (runner.alone()). The clock stops
+    once a few elements of a few outputs, picked at random, are read here (the time those reads
+    take here is not counted); the copies come after and must agree with them, so work the
+    kernel's process leaves running after its answer is either on the clock or caught."""
     who = "the kept version" if name == "kept" else "kernel_fn"
-    picks = sorted(random.sample(range(n), min(SAMPLED_OUTPUTS, n)))
+    picks = sorted(random.sample(range(len(outputs)), min(SAMPLED_OUTPUTS, len(outputs))))
     at = [tuple(torch.randint(0, s, (SAMPLED_ELEMENTS,), device=ak.DEVICE)
                 for s in outputs[i].shape) for i in picks]
-    flush_l2()
-    start = time.perf_counter()
-    got = runner.window()
-    if got.get("status") != "windowed":
-        raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
-    seen = sample(outputs, picks, at)
-    wall = time.perf_counter() - start - floor_s
+    with getattr(runner, "alone", contextlib.nullcontext)():
+        flush_l2()
+        start = time.perf_counter()
+        got = runner.window()
+        if got.get("status") != "windowed":
+            raise TimingError(f"timing: {who} raised {got.get('error', got.get('status'))}")
+        seen = sample(outputs, picks, at)
+        wall = time.perf_counter() - start
     copies = [out.clone() for out in outputs]
     if ak.CUDA:
         torch.cuda.synchronize()
@@ -297,43 +330,50 @@ def window_us(runner, n, name, outputs, floor_s):
     if any(not torch.equal(bits(a), bits(b)) for a, b in zip(seen, again)):
         raise TimingError(f"timing: {who}'s outputs changed after it answered (work left "
                           f"running past the clock): {BEHAVES}")
-    return max(wall, 0.0) / n * 1e6, copies
+    return max(wall, 0.0), copies
 
 
-FLOOR_WINDOWS = 15
+class Idle:
+    """The judge's idle kernel (autokernel/idle_kernel.py: one tiny copy) in a process of its
+    own, armed on SAMPLED_OUTPUTS sets of its own, so its window ends with the same reads as a
+    real one. Its windows are the floor: what any process's window costs (the pipe both ways,
+    the GPU switching contexts, the reads) and none can beat. They are taken in the same rounds
+    as the kernels' (the same rewrites, the same memory held, a turn in every position): an idle
+    window measured on its own, before the sets existed, read ~350 us where the same idle
+    window between real ones read 520-1,100 (H100), and the difference fell on the kernels."""
 
+    def __init__(self, runner):
+        self.runner, self.case = runner, idle_case()
+        self.sets = [self.case.make(fresh_seed()) for _ in range(SAMPLED_OUTPUTS)]
+        self.outputs = arm(runner, self.sets, self.case)
 
-def window_floor_s(start_idle):
-    """The least wall clock of a window whose work is nothing: FLOOR_WINDOWS windows of the
-    judge's idle kernel (autokernel/idle_kernel.py) in a process of its own, each after the
-    judge's GPU work and ending with the judge's reads of SAMPLED_OUTPUTS outputs, as every real
-    window does; the fastest counts. Measured once a run; 0 without an idle runner (a CPU,
-    where a window takes seconds and the floor ~0.1 ms) or when it fails to start
-    (_state["floor_why"] says why)."""
-    if "floor" not in _state:
-        floor, _state["floor_why"] = 0.0, "no idle kernel"
+    def refresh(self):
+        refresh(self.case, self.sets)
+
+    def window(self):
         try:
-            runner = start_idle() if start_idle is not None else None
-        except TimingError as e:  # nothing subtracted: the honest error's direction
-            runner, _state["floor_why"] = None, str(e)
-        if runner is not None:
-            try:
-                case = idle_case()  # as many outputs as a window's reads pick: the same reads
-                sets = [case.make(fresh_seed()) for _ in range(SAMPLED_OUTPUTS)]
-                outputs = arm(runner, sets, case)
-                walls = []
-                for _ in range(FLOOR_WINDOWS):
-                    refresh(case, sets)
-                    walls.append(window_us(runner, len(sets), "idle", outputs, 0.0)[0]
-                                 * len(sets))
-                floor = min(walls) / 1e6
-                _state["floor_why"] = "" if floor > 0 else "the idle kernel's windows read 0"
-            except Exception as e:  # noqa: BLE001  (the judge's own kernel: not the candidate's)
-                _state["floor_why"] = f"the idle kernel failed: {e}"
-            finally:
-                runner.stop()
-        _state["floor"] = floor
-    return _state["floor"]
+            return window_wall(self.runner, "idle", self.outputs)[0]
+        except Exception as e:  # noqa: BLE001  (the judge's own kernel: not the candidate's)
+            raise IdleFailed(str(e)) from None
+
+    def stop(self):
+        self.runner.stop()
+
+
+def start_floor(start_idle):
+    """(an armed Idle, "") or (None, why there is no floor): no idle runner (a CPU, where a
+    window takes seconds and the floor ~0.1 ms), or one that fails to start or arm."""
+    if start_idle is None:
+        return None, "no idle kernel"
+    try:
+        runner = start_idle()
+    except TimingError as e:  # nothing subtracted: the honest error's direction
+        return None, str(e)
+    try:
+        return Idle(runner), ""
+    except Exception as e:  # noqa: BLE001  (the judge's own kernel: not the candidate's)
+        runner.stop()
+        return None, f"the idle kernel failed: {e}"
 
 
 def idle_case():

@@ -673,40 +673,105 @@ def test_the_wall_clock_limit_counts_the_judges_own_work():
         bench.ChildRunner.started.remove(runner)
 
 
-def test_the_window_floor_is_the_fastest_idle_window_and_is_subtracted(monkeypatch):
-    """The floor comes from the judge's own idle kernel in a child of its own (stopped after),
-    is taken once a run, and leaves the clock; without an idle runner nothing is subtracted."""
+class FakeRunner:
+    """An in-process runner for timing.paired_rounds: correct outputs, `sleep_s` a window, every
+    window logged by name; fail_at: the window number that raises."""
+
+    def __init__(self, name, log, case, sleep_s, fail_at=None):
+        self.name, self.log, self.case, self.sleep_s, self.fail_at = name, log, case, sleep_s, \
+            fail_at
+        self.windows, self.stopped = 0, False
+
+    def time(self, inputs, buffer):
+        buffer.copy_(self.case.reference(inputs))
+        return {"status": "timed", "median_us": 1.0}
+
+    def arm(self, sets, slots):
+        self.sets, self.slots = sets, slots
+        return {"status": "armed", "graph": False}
+
+    def window(self):
+        import time
+        self.windows += 1
+        self.log.append(self.name)
+        if self.windows == self.fail_at:
+            return {"status": "raised", "error": "RuntimeError: planted"}
+        time.sleep(self.sleep_s)
+        for inputs, slot in zip(self.sets, self.slots):
+            slot.copy_(self.case.reference(inputs))
+        return {"status": "windowed"}
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_the_floor_is_the_idle_kernels_median_window_in_the_same_rounds(monkeypatch):
+    """The idle kernel's windows are taken in the rounds themselves: one untimed right after each
+    rewrite of the sets, then one in turn with the kernels' (every position in turn); their
+    median leaves every window's clock. An idle kernel that fails leaves nothing subtracted and
+    the round is taken again; without an idle runner nothing is subtracted either."""
+    import torch
+    from autokernel import KERNEL_TYPES, timing
+    case = timing.kernel_case(KERNEL_TYPES["reduce"], (4, 64), torch.float32)
+    monkeypatch.setattr(timing, "ROUNDS", 3)
+    monkeypatch.setattr(timing, "WARMUP_ROUNDS", 0)
+    monkeypatch.setattr(timing, "WINDOWS_PER_ROUND", 1)
+    log = []
+    cand = FakeRunner("candidate", log, case, 0.030)
+    kept = FakeRunner("kept", log, case, 0.045)
+    idle = FakeRunner("idle", log, timing.idle_case(), 0.010)
+    got = timing.paired_rounds(cand, kept, case, lambda: idle)
+    # per rewrite: the settling idle window, then all three in an order that turns
+    assert log == ["idle", "candidate", "kept", "idle", "idle", "kept", "idle", "candidate",
+                   "idle", "idle", "candidate", "kept"]
+    assert idle.stopped and got["floor_why"] == "" and 8_000 < got["floor_us"] < 20_000
+    n = got["sets"]
+    for name, sleep_s in (("candidate", 0.030), ("kept", 0.045)):
+        for us in got[name]:  # (window - floor) / calls
+            assert (sleep_s - 0.010) * 1e6 / n * 0.8 < us < (sleep_s - 0.008) * 1e6 / n * 1.3
+
+    log.clear()
+    dies = FakeRunner("idle", log, timing.idle_case(), 0.010, fail_at=3)
+    got = timing.paired_rounds(cand, None, case, lambda: dies)
+    assert got["floor_us"] == 0 and "the idle kernel failed" in got["floor_why"] and dies.stopped
+    assert len(got["candidate"]) == 3 and min(got["candidate"]) > 0.028 * 1e6 / got["sets"]
+    assert timing.paired_rounds(cand, None, case, None)["floor_why"] == "no idle kernel"
+
+
+STOPPED_CHILD = ("import subprocess\n"
+                 "_p = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+                 "open({pidfile!r}, 'w').write(str(_p.pid))\n"
+                 "def kernel_fn(x):\n    return x.clone()\n")
+
+
+def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path):
+    """While one child's window is timed (runner.alone()), every other process below the judge
+    is stopped, one started in a session of its own included; all go on afterwards."""
+    import time
     import bench
-    from autokernel import timing
-    monkeypatch.setattr(timing, "_state", {})
-    monkeypatch.setattr(timing, "FLOOR_WINDOWS", 3)
-    started = []
 
-    def start_idle():
-        started.append(bench.start_idle())
-        return started[-1]
-    floor = timing.window_floor_s(start_idle)
-    assert 0 < floor < 5 and timing.window_floor_s(start_idle) == floor and len(started) == 1
-    assert not started[0].proc.is_alive()
-    bench.ChildRunner.started.remove(started[0])
-    monkeypatch.setattr(timing, "_state", {})
-    assert timing.window_floor_s(None) == 0.0
-
-    def broken():
-        raise timing.TimingError("the idle kernel did not load: ImportError")
-    monkeypatch.setattr(timing, "_state", {})
-    assert timing.window_floor_s(broken) == 0.0 and "ImportError" in timing._state["floor_why"]
-
-    class Dies:  # started, then gone mid-measurement: the floor is 0, not the candidate's fault
-        def arm(self, sets, slots):
-            raise bench.ChildGone("CRASH", "child process died")
-
-        def stop(self):
-            self.stopped = True
-    dies = Dies()
-    monkeypatch.setattr(timing, "_state", {})
-    assert timing.window_floor_s(lambda: dies) == 0.0 and dies.stopped
-    assert "idle kernel failed: child process died" in timing._state["floor_why"]
+    def state(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    pidfile = tmp_path / "grandchild.pid"
+    timed = bench.ChildRunner(bench.IDLE_KERNEL, time.monotonic() + 300, 300)
+    other = bench.ChildRunner(tmp_path / "escapes.py", time.monotonic() + 300, 300,
+                              source=STOPPED_CHILD.format(pidfile=str(pidfile)))
+    try:
+        assert timed.start()["status"] == "loaded" and other.start()["status"] == "loaded"
+        grandchild = int(pidfile.read_text())
+        with timed.alone():
+            assert state(other.proc.pid) == "T" and state(grandchild) == "T"
+            assert state(timed.proc.pid) != "T"
+            assert timed.ping()["status"] == "pong"  # the timed child still answers
+        assert state(other.proc.pid) != "T" and state(grandchild) != "T"
+        assert other.ping()["status"] == "pong"
+    finally:
+        for runner in (timed, other):
+            runner.stop()
+            bench.ChildRunner.started.remove(runner)
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), 9)
 
 
 # ---- the judge's reading of a child's output descriptions -----------------------------------
