@@ -67,36 +67,46 @@ def become_subreaper():
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _stat(pid):
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...), or None when
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _parents():
+    """{pid: its parent's pid} for every process."""
+    found = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields:
+            found[int(entry)] = int(fields[1])
+    return found
+
+
+def process_state(pid):
+    """The one-letter state of a process (R, S, T when stopped, Z...), or None when it is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
 def children(pid=None):
     """The pids whose parent is `pid` (default: this process)."""
     pid = os.getpid() if pid is None else pid
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:  # fields: state, ppid, ...
-                found.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
+    return [p for p, parent in _parents().items() if parent == pid]
 
 
 def descendants(pid=None):
     """Every pid below `pid` (default: this process), children first."""
-    parent = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [os.getpid() if pid is None else pid]
+    parents, found = _parents(), []
+    frontier = {os.getpid() if pid is None else pid}
     while frontier:
-        below = [p for p, pp in parent.items() if pp in frontier]
+        below = [p for p, parent in parents.items() if parent in frontier]
         found += below
-        frontier = below
+        frontier = set(below)
     return found
 
 
@@ -117,11 +127,21 @@ def others_stopped(keep):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(p, signal.SIGSTOP)
                     stopped.add(p)
+            _until_stopped(new)
         yield
     finally:
         for p in stopped:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGCONT)
+
+
+def _until_stopped(pids, timeout_s=1.0):
+    """Wait until each of pids is stopped or gone (a signal is delivered asynchronously: a
+    process running on another CPU goes on for a moment)."""
+    deadline = time.monotonic() + timeout_s
+    for p in pids:
+        while time.monotonic() < deadline and process_state(p) not in ("T", "t", "Z", None):
+            time.sleep(0.0002)
 
 
 def kill_descendants(timeout_s=5.0, spare=()):

@@ -309,7 +309,7 @@ def window_wall(runner, name, outputs):
     once a few elements of a few outputs, picked at random, are read here (the time those reads
     take here is not counted); the copies come after and must agree with them, so work the
     kernel's process leaves running after its answer is either on the clock or caught."""
-    who = "the kept version" if name == "kept" else "kernel_fn"
+    who = {"kept": "the kept version", "idle": "the idle kernel"}.get(name, "kernel_fn")
     picks = sorted(random.sample(range(len(outputs)), min(SAMPLED_OUTPUTS, len(outputs))))
     at = [tuple(torch.randint(0, s, (SAMPLED_ELEMENTS,), device=ak.DEVICE)
                 for s in outputs[i].shape) for i in picks]
