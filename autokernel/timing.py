@@ -14,8 +14,8 @@ look faster:
   reads against the copies: no call can be skipped, answered from a cache or left running after
   the answer without failing (or, for a few calls, a good chance of failing);
 - nothing the kernel's process could leave out is subtracted from the wall clock (subtracting
-  work it was trusted to do would reward skipping it): only the floor of a window, what any
-  process pays for one and none can beat (the pipe both ways, the GPU switching from the judge's
+  work it was trusted to do would reward skipping it): only the floor of a window, what every
+  process pays for one and none can skip (the pipe both ways, the GPU switching from the judge's
   context to the kernel's and back for the reads): the median window of an idle kernel of the
   judge's own (one tiny copy, in its own process), taken in the same rounds as the kernels'
   windows, in turn in every position. While a window runs, the judge and the kernel's process
@@ -336,9 +336,9 @@ def window_wall(runner, name, outputs):
 class Idle:
     """The judge's idle kernel (autokernel/idle_kernel.py: one tiny copy) in a process of its
     own, armed on SAMPLED_OUTPUTS sets of its own, so its window ends with the same reads as a
-    real one. Its windows are the floor: what any process's window costs (the pipe both ways,
-    the GPU switching contexts, the reads) and none can beat. They are taken in the same rounds
-    as the kernels' (the same rewrites, the same memory held, a turn in every position): an idle
+    real one. Its windows' median is the floor: what any process's window costs (the pipe both
+    ways, the GPU switching contexts, the reads) and none can skip, taken in the same rounds
+    as the kernels' windows (the same rewrites and memory held, a turn in every position): an idle
     window measured on its own, before the sets existed, read ~350 us where the same idle
     window between real ones read 520-1,100 (H100), and the difference fell on the kernels."""
 
