@@ -9,11 +9,13 @@ results.tsv, and keep (git commit) or revert (git checkout HEAD -- kernel.py) th
     uv run bench.py --kernel kernels/softmax.py   # any kernel file; implies --no-git
     uv run bench.py --timeout 60 --results /tmp/r.tsv
 
-Keep rule (autokernel/results.keep_rule): a candidate that passes all five stages is timed in
-paired rounds against the best kept version of its tag, shape, dtype and device, in the same run,
-on this process's clock; it is kept only when its median gain beats the rounds' spread (and 1%). The first correct version
-of a setting is kept. A keep commits kernel.py alone and copies it to the kernel's file in
-workspace/ (its file of record in plan.json); a revert restores kernel.py from HEAD.
+Keep rule (autokernel/results.keep_rule): a candidate that passes all five stages is timed in paired
+rounds against the best kept version of its tag, shape, dtype and device, in the same run, on this
+process's clock; it is kept only when its median gain beats the rounds' spread (and 1%), and, where
+the kept version read more than 10% above its recorded latency, that record by 5%
+(autokernel/results.keep_rule_checked). The first correct version of a setting is kept. A keep
+commits kernel.py alone and copies it to the kernel's file in workspace/ (its file of record in
+plan.json); a revert restores kernel.py from HEAD.
 
 Trust. This process is the judge. The kernel file is imported only by child processes
 (autokernel/child.py), which it treats as hostile: they get inputs and output buffers, answer in
@@ -430,8 +432,11 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
     if rounds["kept"] is None and best is not None:  # a kept version, but not timed here
         keep, gain, noise, why = results.keep_rule_against_record(
             rounds["candidate"], float(best["latency_us"]), unpaired or rounds["kept_dropped"])
-    else:
-        keep, gain, noise, why = results.keep_rule(rounds["candidate"], rounds["kept"])
+    else:  # the record is only a check where timings mean something (not the interpreter)
+        recorded = float(best["latency_us"]) if best is not None and ak.TIMING_MEANINGFUL \
+            else None
+        keep, gain, noise, why = results.keep_rule_checked(rounds["candidate"], rounds["kept"],
+                                                           recorded)
     # The row records the judge's clock: the number the keep rule used, and one the kernel's
     # process cannot touch. The child's do_bench median is shown beside it.
     return {"latency_us": judged, "reported_us": claimed, "rounds": rounds["candidate"],

@@ -161,6 +161,9 @@ def check_writable(path=RESULTS_TSV):
 
 NOISE_FLOOR = 0.01  # a gain under 1% is never told apart from noise
 RECORD_MARGIN = 0.05  # against a number from another run: run-to-run drift counts as noise too
+# A kept version reading this much slower than its own record had its windows disturbed (work a
+# candidate's process left running on the GPU can do that): its record decides instead.
+KEPT_SLOWED = 0.10
 
 
 def keep_rule(candidate_us, kept_us):
@@ -189,14 +192,30 @@ def keep_rule(candidate_us, kept_us):
                                f"{rounds}"
 
 
-def keep_rule_against_record(candidate_us, recorded_us, why):
+def keep_rule_checked(candidate_us, kept_us, recorded_us=None):
+    """keep_rule, unless the kept version ran more than KEPT_SLOWED slower than its recorded
+    latency in these rounds: then a gain over it proves nothing, and the candidate must beat
+    the record by RECORD_MARGIN as well. -> (keep, gain, noise, why)."""
+    verdict = keep_rule(candidate_us, kept_us)
+    if not (verdict[0] and kept_us and recorded_us):
+        return verdict
+    slowed = statistics.median(kept_us) / recorded_us - 1.0
+    if slowed <= KEPT_SLOWED:
+        return verdict
+    return keep_rule_against_record(candidate_us, recorded_us,
+                                    f"it read {slowed:.0%} above its record in these rounds: "
+                                    f"its windows were disturbed", timed=True)
+
+
+def keep_rule_against_record(candidate_us, recorded_us, why, timed=False):
     """The keep rule when a kept version exists but could not be timed beside the candidate
     (why: it no longer imports, its source is gone, it failed its windows): the candidate must
     beat the kept version's recorded latency by RECORD_MARGIN. A kept version that cannot be run
-    never lets a candidate through unmeasured. -> (keep, gain, noise, why)."""
+    never lets a candidate through unmeasured (timed: it was timed, but its record decides).
+    -> (keep, gain, noise, why)."""
     gain = 1.0 - statistics.median(candidate_us) / recorded_us
-    against = f"the kept version could not be timed ({why}), so against its recorded " \
-              f"{recorded_us:.1f} us"
+    against = f"the kept version {'was timed' if timed else 'could not be timed'} ({why}), " \
+              f"so against its recorded {recorded_us:.1f} us"
     if gain > RECORD_MARGIN:
         return True, gain, RECORD_MARGIN, f"{gain:.1%} faster: {against}"
     return False, gain, RECORD_MARGIN, f"{gain:+.1%}, not beyond {RECORD_MARGIN:.0%}: {against}"

@@ -13,20 +13,20 @@ look faster:
   process fills the judge's slots) and checks each against the oracle of its set, and the early
   reads against the copies: no call can be skipped, answered from a cache or left running after
   the answer without failing (or, for a few calls, a good chance of failing);
-- nothing the kernel's process could leave out is subtracted from the wall clock (subtracting
-  work it was trusted to do would reward skipping it): only the floor of a window, what every
-  process pays for one and none can skip (the pipe both ways, the GPU switching from the judge's
-  context to the kernel's and back for the reads): the median window of an idle kernel of the
-  judge's own (one tiny copy, in its own process), taken in the same rounds as the kernels'
-  windows, in turn in every position. While a window runs, the judge and the kernel's process
-  poll their pipe rather than sleep on it, and every other process below the judge is stopped
-  (SIGSTOP), so no kernel's process can take a CPU or launch GPU work during another's window
-  (GPU work it queued before answering still runs: not guarded yet). Inside a child the GPU
-  time of a window's graph is the judge's own (CUDA events, H100: 46.3 us a call against 46.6);
-  with the floor taken once, before the sets existed, windows through a child read 7-9% slower
-  than the same code in the judge's process, where the baselines are timed; with the floor in
-  the rounds, 0.999-1.004x (reduce, softmax, matmul; rotary's 2.5 ms windows, where the floor
-  is a quarter of the window, 1.085x in one run: BENCHMARKS.md, section 25).
+- nothing the kernel's process could leave out is subtracted from the wall clock (subtracting work
+  it was trusted to do would reward skipping it): only the floor of a window, what every process
+  pays for one and none can skip (the pipe both ways, the GPU switching from the judge's context to
+  the kernel's and back for the reads): the median window of an idle kernel of the judge's own (one
+  tiny copy, in its own process), taken in the same rounds as the kernels' windows, in turn in every
+  position. While a window runs, the judge and the kernel's process poll their pipe rather than
+  sleep on it, and every other process below the judge is stopped (SIGSTOP), so no kernel's process
+  can take a CPU or launch GPU work during another's window (GPU work it queued before answering
+  still runs; a kept version slowed that way is held to its record: results.keep_rule_checked).
+  Inside a child the GPU time of a window's graph is the judge's own (CUDA events, H100: 46.3 us a
+  call against 46.6); with the floor taken once, before the sets existed, windows through a child
+  read 7-9% slower than the same code in the judge's process, where the baselines are timed; with
+  the floor in the rounds, 0.999-1.004x (reduce, softmax, matmul; rotary's 2.5 ms windows, where the
+  floor is a quarter of the window, 1.085x in one run: BENCHMARKS.md, section 25).
 On a GPU the kernel's process captures the window's calls in one CUDA graph when it can, so
 launch overhead does not count (as in a model under CUDA graphs); a kernel that cannot be captured
 is timed as plain launches, each output copied into a slot, overhead included. Back-to-back calls

@@ -637,6 +637,20 @@ def test_an_unwritable_results_file_is_refused_before_judging(runs):
     assert r["commits"] == 1
 
 
+def test_a_kept_version_slowed_past_its_record_hands_the_verdict_to_the_record():
+    """A gain over a kept version that read well above its own record (its windows disturbed,
+    say by GPU work a candidate's process left running) must also beat that record."""
+    from autokernel.results import keep_rule_checked
+    assert keep_rule_checked([9.0] * 5, [10.0] * 5, 9.8)[0]  # 2% above its record: paired rule
+    keep, gain, _, why = keep_rule_checked([9.0] * 5, [14.0] * 5, 10.0)
+    assert keep and abs(gain - 0.1) < 1e-9 and "40% above its record" in why \
+        and "against its recorded 10.0 us" in why
+    keep, _, _, why = keep_rule_checked([12.0] * 5, [14.0] * 5, 10.0)  # beats only the slowed one
+    assert not keep and "not beyond 5%" in why
+    assert not keep_rule_checked([11.0] * 5, [10.0] * 5, 5.0)[0]  # a loss stays a loss
+    assert keep_rule_checked([9.0] * 5, [14.0] * 5, None)[0]  # no record (CPU): paired rule
+
+
 def test_the_keep_rule_weighs_gain_against_the_paired_rounds_noise():
     from autokernel.results import keep_rule
     assert keep_rule([10.0] * 5, None)[0]  # the first correct version of a setting
