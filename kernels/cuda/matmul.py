@@ -75,9 +75,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 
 // Tile index -> (tile row, tile column), walking GROUP_M tile rows column by column: the tiles
-// in flight at once read few distinct A row-panels and B column-panels (L2 reuse).
+// in flight at once read few distinct A row-panels and B column-panels (L2 reuse). The Hopper
+// kernel walks 16: at 8192^3 fp16 its 132 128x256 tiles in flight read ~33 MB of panels against
+// ~43 MB with 8 (L2: 50 MB), 1,507 us against 1,525 (H100); 4096^3 the same either way.
+template <int GROUP_M = 8>
 __device__ __forceinline__ void tile_of(int tile, int tiles_m, int tiles_n, int& pm, int& pn) {
-    constexpr int GROUP_M = 8;
     const int per_group = GROUP_M * tiles_n;
     const int first_m = (tile / per_group) * GROUP_M;
     const int rows = min(tiles_m - first_m, GROUP_M);
@@ -477,7 +479,7 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             int it = 0;
             for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
                 int pm, pn;
-                tile_of(tile, tiles_m, tiles_n, pm, pn);
+                tile_of<16>(tile, tiles_m, tiles_n, pm, pn);
                 const int m0 = pm * BM, n0 = pn * BN;
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     const int s = it % STAGES;
@@ -502,7 +504,7 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
         int it = 0, slices = 0;
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
             int pm, pn;
-            tile_of(tile, tiles_m, tiles_n, pm, pn);
+            tile_of<16>(tile, tiles_m, tiles_n, pm, pn);
             const int m0 = pm * BM, n0 = pn * BN;
             float acc[BN / 2];
 #pragma unroll
