@@ -429,14 +429,14 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
     print(f"timing_windows: {rounds['sets']} calls a window, {how}", flush=True)
     if rounds["kept_dropped"]:
         print(f"note: the kept version left the pairing: {rounds['kept_dropped']}", flush=True)
-    if rounds["kept"] is None and best is not None:  # a kept version, but not timed here
+    recorded = float(best["latency_us"]) if best is not None else None
+    if rounds["kept"] is None and recorded is not None:  # a kept version, but not timed here
         keep, gain, noise, why = results.keep_rule_against_record(
-            rounds["candidate"], float(best["latency_us"]), unpaired or rounds["kept_dropped"])
+            rounds["candidate"], recorded,
+            f"could not be timed ({unpaired or rounds['kept_dropped']})")
     else:  # the record is only a check where timings mean something (not the interpreter)
-        recorded = float(best["latency_us"]) if best is not None and ak.TIMING_MEANINGFUL \
-            else None
-        keep, gain, noise, why = results.keep_rule_checked(rounds["candidate"], rounds["kept"],
-                                                           recorded)
+        keep, gain, noise, why = results.keep_rule_checked(
+            rounds["candidate"], rounds["kept"], recorded if ak.TIMING_MEANINGFUL else None)
     # The row records the judge's clock: the number the keep rule used, and one the kernel's
     # process cannot touch. The child's do_bench median is shown beside it.
     return {"latency_us": judged, "reported_us": claimed, "rounds": rounds["candidate"],

@@ -203,19 +203,18 @@ def keep_rule_checked(candidate_us, kept_us, recorded_us=None):
     if slowed <= KEPT_SLOWED:
         return verdict
     return keep_rule_against_record(candidate_us, recorded_us,
-                                    f"it read {slowed:.0%} above its record in these rounds: "
-                                    f"its windows were disturbed", timed=True)
+                                    f"was timed (it read {slowed:.0%} above its record in these "
+                                    f"rounds: its windows were disturbed)")
 
 
-def keep_rule_against_record(candidate_us, recorded_us, why, timed=False):
-    """The keep rule when a kept version exists but could not be timed beside the candidate
-    (why: it no longer imports, its source is gone, it failed its windows): the candidate must
-    beat the kept version's recorded latency by RECORD_MARGIN. A kept version that cannot be run
-    never lets a candidate through unmeasured (timed: it was timed, but its record decides).
-    -> (keep, gain, noise, why)."""
+def keep_rule_against_record(candidate_us, recorded_us, why):
+    """The keep rule when the kept version's record decides (why, after "the kept version": it
+    could not be timed beside the candidate, because it no longer imports, its source is gone or
+    it failed its windows; or keep_rule_checked's case): the candidate must beat the kept
+    version's recorded latency by RECORD_MARGIN. A kept version that cannot be run never lets a
+    candidate through unmeasured. -> (keep, gain, noise, why)."""
     gain = 1.0 - statistics.median(candidate_us) / recorded_us
-    against = f"the kept version {'was timed' if timed else 'could not be timed'} ({why}), " \
-              f"so against its recorded {recorded_us:.1f} us"
+    against = f"the kept version {why}, so against its recorded {recorded_us:.1f} us"
     if gain > RECORD_MARGIN:
         return True, gain, RECORD_MARGIN, f"{gain:.1%} faster: {against}"
     return False, gain, RECORD_MARGIN, f"{gain:+.1%}, not beyond {RECORD_MARGIN:.0%}: {against}"

@@ -99,9 +99,10 @@ def children(pid=None):
     return [p for p, parent in _parents().items() if parent == pid]
 
 
-def descendants(pid=None):
-    """Every pid below `pid` (default: this process), children first."""
-    parents, found = _parents(), []
+def descendants(pid=None, parents=None):
+    """Every pid below `pid` (default: this process), children first; parents: a _parents()
+    map already read."""
+    parents, found = parents or _parents(), []
     frontier = {os.getpid() if pid is None else pid}
     while frontier:
         below = [p for p, parent in parents.items() if parent in frontier]
@@ -119,8 +120,9 @@ def others_stopped(keep):
     stopped = set()
     try:
         for _ in range(10):
-            spared = {keep, *descendants(keep)}
-            new = [p for p in descendants() if p not in spared and p not in stopped]
+            parents = _parents()  # one read of /proc for both trees
+            spared = {keep, *descendants(keep, parents)}
+            new = [p for p in descendants(None, parents) if p not in spared and p not in stopped]
             if not new:
                 break
             for p in new:
