@@ -27,9 +27,11 @@ def _opt_up(t):
     return None if t is None else t.to(ORACLE)
 
 
-# ---- matmul: activation(A[M,K] @ B[K,N] (+ bias[N])), activation None or one of ACTIVATIONS --
-# The activations an MLP's first projection is followed by in real models, applied in the
-# GEMM's epilogue: GPT-2's gelu_new is gelu_tanh, BERT's gelu the erf-based one.
+# ---- matmul: activation(A[M,K] @ B[K,N] (+ bias[N])) (+ residual[M,N]) ----------------------
+# activation None or one of ACTIVATIONS: what an MLP's first projection is followed by in real
+# models, applied in the GEMM's epilogue (GPT-2's gelu_new is gelu_tanh, BERT's gelu the
+# erf-based one). residual: the stream a block's output projection is added to (x + proj(h)),
+# added last, so the projection's output never makes a separate trip through memory.
 ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
 
 
@@ -37,14 +39,16 @@ def _activate(x, activation):
     return x if activation is None else ACTIVATIONS[activation](x)
 
 
-def matmul(A, B, bias=None, activation=None):
+def matmul(A, B, bias=None, activation=None, residual=None):
     out = A.to(ORACLE) @ B.to(ORACLE)
     out = out if bias is None else out + bias.to(ORACLE)
-    return _activate(out, activation).to(A.dtype)
+    out = _activate(out, activation)
+    return (out if residual is None else out + residual.to(ORACLE)).to(A.dtype)
 
 
-def matmul_eager(A, B, bias=None, activation=None):
-    return _activate(A @ B if bias is None else torch.addmm(bias, A, B), activation)
+def matmul_eager(A, B, bias=None, activation=None, residual=None):
+    out = _activate(A @ B if bias is None else torch.addmm(bias, A, B), activation)
+    return out if residual is None else out + residual
 
 
 # ---- softmax over the last dim --------------------------------------------------------------

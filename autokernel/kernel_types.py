@@ -65,11 +65,14 @@ def rotary_tables(seq_len, head_dim, dtype, device, base=10000.0, offset=0):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _make_matmul(shape, dtype, device, gen, bias=False, activation=None):
+def _make_matmul(shape, dtype, device, gen, bias=False, activation=None, residual=False):
     M, N, K = shape
-    return {"A": _randn((M, K), dtype, device, gen), "B": _randn((K, N), dtype, device, gen),
-            "bias": _randn((N,), dtype, device, gen, scale=2.0) if bias else None,
-            "activation": activation}
+    inputs = {"A": _randn((M, K), dtype, device, gen), "B": _randn((K, N), dtype, device, gen),
+              "bias": _randn((N,), dtype, device, gen, scale=2.0) if bias else None,
+              "activation": activation}
+    if residual:  # only then: kernel files written before the option keep their signature
+        inputs["residual"] = _randn((M, N), dtype, device, gen, scale=4.0)
+    return inputs
 
 
 def _make_rows(shape, dtype, device, gen, scale=1.0):
@@ -378,12 +381,13 @@ NORM_CPU_SHAPES = _shape_sets((64, 1024), [(1, 16), (4, 128), (16, 768), (8, 409
 
 KERNEL_TYPES = {k.name: k for k in [
     KernelType(
-        "matmul", ("A", "B", "bias", "activation"), ("M", "N", "K"), _make_matmul, _adv_matmul,
+        "matmul", ("A", "B", "bias", "activation", "residual"), ("M", "N", "K"), _make_matmul,
+        _adv_matmul,
         flops=lambda s, **v: 2 * s[0] * s[1] * s[2],
         bytes=lambda s, dt: (s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * _es(dt),
         bound="compute", uses_dot=True,
         variants=({}, {"bias": True}, {"bias": True, "activation": "gelu_tanh"},
-                  {"bias": True, "activation": "gelu"}),
+                  {"bias": True, "activation": "gelu"}, {"bias": True, "residual": True}),
         gpu_shapes=_shape_sets((4096, 4096, 4096),
                                [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
                                 (4096, 4096, 4096), (8192, 8192, 8192), (128, 4096, 4096),

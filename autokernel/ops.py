@@ -33,7 +33,7 @@ NAMESPACE = "autokernel"
 # or are tensors; a new type with a new kind of argument adds it here.
 ARG_TYPES = {"bias": Optional[torch.Tensor], "weight": Optional[torch.Tensor], "eps": float,
              "causal": bool, "scale": Optional[float], "dim": int, "activation": Optional[str],
-             "kv_heads": int}
+             "kv_heads": int, "residual": Optional[torch.Tensor]}
 
 # How many op bodies (real, fake or backward) run right now. While one does, the swap's patched
 # torch entry points pass straight through: the kernel's own torch calls and the reference's
@@ -44,6 +44,7 @@ RUNNING = [0]
 _ops = {}    # op name -> its OpOverload (torch.ops.autokernel.<name>.default)
 _impls = {}  # op name -> the real body now (the latest kernel_fn loaded from that file)
 _types = {}  # OpOverload -> its kernel type
+_params = {}  # op name -> its kernel_fn's parameter names now (None: it takes **kwargs)
 
 
 @contextmanager
@@ -87,7 +88,21 @@ def kernel_op(kernel, impl=None):
     if name not in _ops:
         _ops[name] = _register(name, kernel.kernel_type)
         _types[_ops[name]] = kernel.kernel_type
+    _params[name] = parameters(kernel.fn)
     return _ops[name]
+
+
+def parameters(fn):
+    """The names kernel_fn takes, or None when it takes any (**kwargs)."""
+    params = inspect.signature(fn).parameters.values()
+    return None if any(p.kind == p.VAR_KEYWORD for p in params) else {p.name for p in params}
+
+
+def accepts(op, arg):
+    """Whether the kernel behind one of these ops takes `arg` (a type's later optional argument,
+    such as matmul's residual, which kernel files written before it do not)."""
+    params = _params.get(op._schema.name.split("::")[-1], set())
+    return params is None or arg in params
 
 
 def out_strides(shape, order=None):
@@ -122,6 +137,9 @@ def _register(name, kernel_type):
 
     def body(*args, **kwargs):
         inputs = named(args, kwargs)
+        takes = _params.get(name)
+        if takes is not None:  # an optional argument at None only reaches a kernel_fn taking it
+            inputs = {k: v for k, v in inputs.items() if v is not None or k in takes}
         with running():
             out = _impls[name](**inputs)
         # Compiled code reads the output with the fake's strides: a kernel that chose another

@@ -321,7 +321,12 @@ class Swap:
             if self.active(ktype):
                 for patcher in rule.patches:
                     patches += patcher(self, model)
-        with _applied(patches):
+        # Compiled: inductor's pass folds the adds around matmul ops into their residual.
+        fusions = contextlib.nullcontext()
+        if self.compiled and self.active("matmul"):
+            from autokernel import fusion  # imports inductor: only for a compiled swap
+            fusions = fusion.installed()
+        with _applied(patches), fusions:
             yield self
 
 

@@ -303,14 +303,17 @@ from autokernel.kernel_types import SHARP_STD
 mm = load_module(autokernel.KERNELS_DIR / "matmul.py")
 M, N, K = (int(v) for v in sys.argv[1].split("x"))
 b_kmajor, activation = sys.argv[2] == "kmajor", None if sys.argv[3] == "none" else sys.argv[3]
+residual = sys.argv[4] == "residual"
 cfg = mm.pick_hopper_config(M, N, K, activation)
 BN, BK = cfg["BLOCK_N"], mm.HOPPER_BLOCK_K
-blocks = {"a_desc": (64, BK), "b_desc": (BN, BK) if b_kmajor else (BK, BN), "c_desc": (64, BN)}
+blocks = {"a_desc": (64, BK), "b_desc": (BN, BK) if b_kmajor else (BK, BN), "c_desc": (64, BN),
+          "r_desc": (64, BN)}
 signature = {name: f"tensordesc<bf16[{b[0]}, {b[1]}],{mm._gl_layout(b, torch.bfloat16)!r}>"
              for name, b in blocks.items()}
 signature.update(bias_ptr="*bf16", M="i32", N="i32", K="i32", NUM_PROGRAMS="i32")
 constants = dict(BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
-                 COOP=cfg["COOP"], B_KMAJOR=b_kmajor, HAS_BIAS=True, ACTIVATION=activation)
+                 COOP=cfg["COOP"], B_KMAJOR=b_kmajor, HAS_BIAS=True, ACTIVATION=activation,
+                 HAS_RESIDUAL=residual)
 signature.update({name: "constexpr" for name in constants})
 source = GluonASTSource(mm.matmul_hopper_kernel, signature, constants)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -319,15 +322,16 @@ print(compiled.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("shape,b_layout,activation", [
-    ("8192x50304x768", "kmajor", "none"),    # cooperative 128x256 (vocabulary)
-    ("8192x768x3072", "rows", "gelu"),       # cooperative 128x128 (narrow N)
-    ("8192x3072x768", "rows", "gelu_tanh"),  # ping-pong 64x256 (small K)
+@pytest.mark.parametrize("shape,b_layout,activation,residual", [
+    ("8192x50304x768", "kmajor", "none", "none"),        # cooperative 128x256 (vocabulary)
+    ("8192x768x3072", "kmajor", "none", "residual"),     # cooperative 128x128 (a block's c_proj)
+    ("8192x768x3072", "rows", "gelu", "none"),           # cooperative 128x128 (narrow N)
+    ("8192x3072x768", "rows", "gelu_tanh", "residual"),  # ping-pong 64x256 (small K)
 ])
-def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation):
+def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation, residual):
     """Each schedule pick_hopper_config chooses compiles for an H100 without one: wgmma, TMA and
     warp specialization, no register spills, within the 227 KB of shared memory."""
-    compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation)
+    compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual)
 
 
 # The qkv_rotary starter's Gluon kernel for an H100, the same way.

@@ -1,8 +1,9 @@
 """
-Matmul C[M,N] = activation(A[M,K] @ B[K,N] (+ bias[N])) in CUDA C++. Starter kernel for
-AutoKernel (BACKEND = "cuda"): fp32 accumulation, C in A's dtype, the bias added to the fp32
-accumulator in the epilogue (C makes one trip through memory and is rounded once); the
-activation (None, "gelu_tanh", "gelu") in a second pass over C, for now.
+Matmul C[M,N] = activation(A[M,K] @ B[K,N] (+ bias[N])) (+ residual[M,N]) in CUDA C++. Starter
+kernel for AutoKernel (BACKEND = "cuda"): fp32 accumulation, C in A's dtype, the bias and the
+residual added to the fp32 accumulator in the epilogue (C makes one trip through memory and is
+rounded once); the activation (None, "gelu_tanh", "gelu") in a second pass over C, for now (the
+residual then comes after it, in that pass).
 
 Three kernels, picked per call (`path` overrides it, for tuning and checks):
 
@@ -19,13 +20,14 @@ Three kernels, picked per call (`path` overrides it, for tuning and checks):
     them). TMA writes the tiles in the 128-byte swizzled layout wgmma reads (K-major A; B either
     N-major, [K,N] rows, read with wgmma's transpose bit, or K-major, the [N,K] rows of an
     nn.Linear weight), and fills out-of-range rows and columns with zeros, so no tail needs a
-    mask until the epilogue. The epilogue adds the bias in fp32, rounds to C's dtype and writes
-    each 64x64 slice of a consumer's rows to shared memory (stmatrix, in the same 128-byte
-    swizzle: no bank conflicts), from where one thread stores it with TMA (whole 128-byte rows,
-    rows and columns past C clipped); each consumer has two slice buffers, so a slice's store
-    runs while the next is written (C rows not 16-byte aligned: 4-byte stores from the
-    registers). Tiles are visited in groups of 8 tile rows, column by column, so the blocks in
-    flight share A and B in L2.
+    mask until the epilogue. The epilogue adds the bias in fp32 and rounds to C's dtype into
+    half the registers; the next tile's MMAs then start at once, and under each of its first
+    four k-tiles one 64x64 slice of the rounded tile goes to shared memory (stmatrix, in the
+    same 128-byte swizzle: no bank conflicts), from where one thread stores it with TMA (whole
+    128-byte rows, rows and columns past C clipped). Two slice buffers per consumer: a slice's
+    store has a k-tile's time to read its buffer before the buffer is written again. (C rows
+    not 16-byte aligned: 4-byte stores from the registers, not deferred.) Tiles are visited in
+    groups of 16 tile rows, column by column, so the blocks in flight share A and B in L2.
   * sm_80 and newer, fp16/bf16, aligned: mma.sync.m16n8k16 on 128x128x64 tiles, 8 warps (64x32
     of C each), a 3-stage cp.async pipeline (global -> shared without registers) and ldmatrix
     fragment loads from XOR-swizzled shared memory (16-byte chunk c of row r stored at c ^ (r %
@@ -41,8 +43,13 @@ tiles, each loading half of their shared B tile multicast into both (207.5 us, a
 for single blocks and 202.8 for cuBLAS in the same run): the kernel is not short of L2
 bandwidth. (The consumers' arrive on the other block's barrier must not be a release at cluster
 scope: that fence per k-tile made it 323 us.)
-Things to try: two consumer pairs ping-ponging so one's epilogue hides under the other's MMAs,
-128x128 tiles when N leaves a 256-wide last column half empty, split-K for tiny M.
+Storing C under the next tile's MMAs (H100, fp16, judge's clock against cuBLAS): 0.964-0.966x
+before, 0.990-0.995x after at 8192x2304x768; 4096^3 0.987-0.991x before, 0.992-0.993x after.
+Not the epilogue's latency but C's trip itself is what 4096^3 loses: the same kernel with no C
+stores at all ran 1.035-1.040x, with L2 evict-first hints on the stores 0.996x, and at 4224 rows
+(exactly 4 waves of tiles) 1.003-1.007x: cuBLAS balances the last wave (512 tiles on 132 SMs)
+a little better. Things to try: stream-K over the last wave's tiles, 128x128 tiles when N
+leaves a 256-wide last column half empty, split-K for tiny M.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/matmul.py     # on a GPU machine
@@ -87,15 +94,29 @@ __device__ __forceinline__ void tile_of(int tile, int tiles_m, int tiles_n, int&
     pn = (tile % per_group) / rows;
 }
 
-// C[row, col] and C[row, col + 1] (+ bias), each only if inside C. PAIR: one 4-byte store.
+// What the epilogues add to the fp32 accumulator: bias[col] (or nothing), then
+// residual[row, col] (rows ldr apart; or nothing).
 template <typename T>
-__device__ __forceinline__ void store_pair(T* C, const T* bias, int M, int N, long long ldc,
-                                           int row, int col, float v0, float v1, bool pair) {
-    if (row >= M || col >= N) return;
-    if (bias != nullptr) {
-        v0 += to_f32(bias[col]);
-        if (col + 1 < N) v1 += to_f32(bias[col + 1]);
+struct Epilogue {
+    const T* bias;
+    const T* residual;
+    long long ldr;
+    __device__ __forceinline__ float add(float v, int row, int col) const {
+        if (bias != nullptr) v += to_f32(bias[col]);
+        if (residual != nullptr) v += to_f32(residual[(long long)row * ldr + col]);
+        return v;
     }
+};
+
+// C[row, col] and C[row, col + 1] (+ the epilogue's terms), each only if inside C. PAIR: one
+// 4-byte store.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* C, const Epilogue<T>& epi, int M, int N,
+                                           long long ldc, int row, int col, float v0, float v1,
+                                           bool pair) {
+    if (row >= M || col >= N) return;
+    v0 = epi.add(v0, row, col);
+    if (col + 1 < N) v1 = epi.add(v1, row, col + 1);
     T* p = C + (long long)row * ldc + col;
     if (pair && col + 1 < N) {
         T two[2] = {from_f32<T>(v0), from_f32<T>(v1)};
@@ -117,7 +138,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // ---------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(256)
-gemm_simt(const T* __restrict__ A, const T* __restrict__ B, const T* __restrict__ bias,
+gemm_simt(const T* __restrict__ A, const T* __restrict__ B, const Epilogue<T> epi,
           T* __restrict__ C, int M, int N, int K, long long sam, long long sak, long long sbk,
           long long sbn, long long ldc) {
     constexpr int BM = 128, BN = 128, BK = 8;
@@ -160,9 +181,7 @@ gemm_simt(const T* __restrict__ A, const T* __restrict__ B, const T* __restrict_
         for (int j = 0; j < 8; ++j) {
             const int col = n0 + tx + 16 * j;
             if (row < M && col < N) {
-                float v = acc[i][j];
-                if (bias != nullptr) v += to_f32(bias[col]);
-                C[(long long)row * ldc + col] = from_f32<T>(v);
+                C[(long long)row * ldc + col] = from_f32<T>(epi.add(acc[i][j], row, col));
             }
         }
     }
@@ -224,7 +243,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 // B_KMAJOR: B is stored [N, K] (ldb between rows of N); else [K, N] (ldb between rows of K).
 template <typename T, bool B_KMAJOR>
 __global__ void __launch_bounds__(mma::THREADS)
-gemm_mma(const T* __restrict__ A, const T* __restrict__ B, const T* __restrict__ bias,
+gemm_mma(const T* __restrict__ A, const T* __restrict__ B, const Epilogue<T> epi,
          T* __restrict__ C, int M, int N, int K, long long lda, long long ldb, long long ldc,
          bool pair) {
     using namespace mma;
@@ -314,8 +333,8 @@ gemm_mma(const T* __restrict__ A, const T* __restrict__ B, const T* __restrict__
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int row = m0 + wm * 64 + i * 16 + g, col = n0 + wn * 32 + j * 8 + 2 * t;
-            store_pair(C, bias, M, N, ldc, row, col, acc[i][j][0], acc[i][j][1], pair);
-            store_pair(C, bias, M, N, ldc, row + 8, col, acc[i][j][2], acc[i][j][3], pair);
+            store_pair(C, epi, M, N, ldc, row, col, acc[i][j][0], acc[i][j][1], pair);
+            store_pair(C, epi, M, N, ldc, row + 8, col, acc[i][j][2], acc[i][j][3], pair);
         }
 }
 
@@ -444,6 +463,53 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
 }
 }  // namespace hopper
 
+// Slice SL (columns 64 SL to 64 SL + 63) of one consumer warpgroup's 64 rows of a C tile
+// (packed: the accumulator rounded to T, pairs as wgmma lays them out) to C through shared
+// memory: to the buffer the store before last read, laid out as the TMA box's 128-byte swizzle
+// wants it (16-byte chunk c of row r at chunk c ^ (r % 8) of the row, so the 8 rows of each 8x8
+// matrix of a stmatrix fall in 8 different bank groups), then one TMA store. Rows and columns
+// past C are clipped by the store. `slices` counts the warpgroup's slices (which buffer is next).
+template <typename T, int SL>
+__device__ __forceinline__ void store_slice(const uint32_t (&packed)[hopper::BN / 4],
+                                            const CUtensorMap* tmC, uint32_t sC, int cw,
+                                            int& slices, int m0, int n0, int N) {
+    using namespace hopper;
+    if (n0 + 64 * SL >= N) return;  // past C's last column
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const bool leader = threadIdx.x % 128 == 0;  // issues and waits for the C stores
+    const int r = warp * 16 + lane % 16;  // the row this lane's stmatrix addresses are in
+    const uint32_t buf = sC + (2 * cw + slices++ % 2) * C_BYTES;
+    if (leader) bulk_wait_read<1>();  // the store that read buf last is done with it
+    warpgroup_sync(1 + cw);
+    // stmatrix q of each j: rows 8 (q % 2) to 8 (q % 2) + 7 of n8 block j + q / 2
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        uint32_t v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = packed[16 * SL + 2 * j + q];
+        stmatrix_x4(buf + r * 128 + (((j + lane / 16) ^ (r % 8)) << 4), v);
+    }
+    fence_async_shared();
+    warpgroup_sync(1 + cw);  // the whole slice is written
+    if (leader) {
+        tma_store_2d(tmC, n0 + 64 * SL, m0 + cw * 64, buf);
+        bulk_commit();
+    }
+}
+
+// Slices first, first + 1, ... of the tile (first at run time; the registers need constants).
+template <typename T>
+__device__ __forceinline__ void store_slices(const uint32_t (&packed)[hopper::BN / 4],
+                                             const CUtensorMap* tmC, uint32_t sC, int cw,
+                                             int& slices, int m0, int n0, int N, int first,
+                                             int last) {
+    static_assert(hopper::BN / 64 == 4, "one case per slice");
+    if (first <= 0 && 0 <= last) store_slice<T, 0>(packed, tmC, sC, cw, slices, m0, n0, N);
+    if (first <= 1 && 1 <= last) store_slice<T, 1>(packed, tmC, sC, cw, slices, m0, n0, N);
+    if (first <= 2 && 2 <= last) store_slice<T, 2>(packed, tmC, sC, cw, slices, m0, n0, N);
+    if (first <= 3 && 3 <= last) store_slice<T, 3>(packed, tmC, sC, cw, slices, m0, n0, N);
+}
+
 // Persistent: one block per SM walks tiles blockIdx.x, + gridDim.x, ...; the k-tiles of all its
 // tiles are one sequence `it` through the stage ring, so the producer fills the next tile's
 // first stages while the consumers run this tile's epilogue. tma_c: C leaves through shared
@@ -452,7 +518,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
 template <typename T, bool B_KMAJOR>
 __global__ void __launch_bounds__(hopper::THREADS, 1)
 gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-           const __grid_constant__ CUtensorMap tmC, const T* __restrict__ bias, T* __restrict__ C,
+           const __grid_constant__ CUtensorMap tmC, const Epilogue<T> epi, T* __restrict__ C,
            int M, int N, int K, long long ldc, bool pair, bool tma_c) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace hopper;
@@ -502,6 +568,9 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
         const int cw = wg - 1, warp = (threadIdx.x % 128) / 32;
         const bool leader = threadIdx.x % 128 == 0;  // issues and waits for the C stores
         int it = 0, slices = 0;
+        uint32_t packed[BN / 4];  // the tile before's C, rounded, waiting for its store
+        bool pending = false;
+        int pending_m0 = 0, pending_n0 = 0;
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
             int pm, pn;
             tile_of<16>(tile, tiles_m, tiles_n, pm, pn);
@@ -524,11 +593,18 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     wgmma_m64n256k16<T, B_KMAJOR ? 0 : 1>(acc, da, db);
                 }
                 wgmma_commit();
+                if (pending && kt < BN / 64)  // a slice of the tile before's C under these MMAs
+                    store_slices<T>(packed, &tmC, sC, cw, slices, pending_m0, pending_n0, N, kt,
+                                    kt);
                 wgmma_wait<1>();  // the MMAs of the k-tile before are done: release its stage
                 if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % STAGES));
             }
             wgmma_wait<0>();
             if (KT > 0 && lane == 0) mbar_arrive(empty((it - 1) % STAGES));  // the tile's last
+            if (pending)  // the slices K had too few k-tiles to hide
+                store_slices<T>(packed, &tmC, sC, cw, slices, pending_m0, pending_n0, N, KT,
+                                BN / 64 - 1);
+            pending = false;
             // Accumulator layout (wgmma m64nN, fp32): value i of a thread sits at row
             // 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
             // column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
@@ -537,48 +613,45 @@ gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
 #pragma unroll
                 for (int i = 0; i < BN / 2; i += 4) {
                     const int col = n0 + (i / 4) * 8 + 2 * (lane % 4);
-                    store_pair(C, bias, M, N, ldc, row, col, acc[i], acc[i + 1], pair);
-                    store_pair(C, bias, M, N, ldc, row + 8, col, acc[i + 2], acc[i + 3], pair);
+                    store_pair(C, epi, M, N, ldc, row, col, acc[i], acc[i + 1], pair);
+                    store_pair(C, epi, M, N, ldc, row + 8, col, acc[i + 2], acc[i + 3], pair);
                 }
                 continue;
             }
             if (m0 + cw * 64 >= M) continue;  // none of this warpgroup's rows are in C
-            // Slice sl (columns 64 sl to 64 sl + 63) goes to the buffer the store before last
-            // read, laid out as the TMA box's 128-byte swizzle wants it: 16-byte chunk c of row r
-            // at chunk c ^ (r % 8) of the row, so the 8 rows of each 8x8 matrix of a stmatrix
-            // fall in 8 different bank groups. Rows and columns past C are clipped by the store.
-            const int r = warp * 16 + lane % 16;  // the row this lane's stmatrix addresses are in
+            // Round (the epilogue's terms added) into half the registers now, store during the
+            // next tile's first MMAs: the accumulator is free for them, and the tensor cores never
+            // wait for C.
+            // (Two loops: one branch per element of a residual's bounds checks in the common
+            // loop made the whole kernel 8-50% slower.)
+            if (epi.residual == nullptr) {
 #pragma unroll
-            for (int sl = 0; sl < BN / 64; ++sl) {
-                if (n0 + 64 * sl >= N) break;  // the rest of the tile is past C's last column
-                const uint32_t buf = sC + (2 * cw + slices++ % 2) * C_BYTES;
-                if (leader) bulk_wait_read<1>();  // the store that read buf last is done with it
-                warpgroup_sync(1 + cw);
-                // stmatrix q of each j: rows 8 (q % 2) to 8 (q % 2) + 7 of n8 block j + q / 2
-#pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    uint32_t v[4];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const int i = 32 * sl + 4 * j + 2 * q;
-                        float v0 = acc[i], v1 = acc[i + 1];
-                        const int col = n0 + 64 * sl + 8 * (j + q / 2) + 2 * (lane % 4);
-                        if (bias != nullptr) {
-                            if (col < N) v0 += to_f32(bias[col]);
-                            if (col + 1 < N) v1 += to_f32(bias[col + 1]);
-                        }
-                        v[q] = pack2<T>(v0, v1);
+                for (int i = 0; i < BN / 2; i += 2) {
+                    float v0 = acc[i], v1 = acc[i + 1];
+                    const int col = n0 + 8 * (i / 4) + 2 * (lane % 4);
+                    if (epi.bias != nullptr) {
+                        if (col < N) v0 += to_f32(epi.bias[col]);
+                        if (col + 1 < N) v1 += to_f32(epi.bias[col + 1]);
                     }
-                    stmatrix_x4(buf + r * 128 + (((j + lane / 16) ^ (r % 8)) << 4), v);
+                    packed[i / 2] = pack2<T>(v0, v1);
                 }
-                fence_async_shared();
-                warpgroup_sync(1 + cw);  // the whole slice is written
-                if (leader) {
-                    tma_store_2d(&tmC, n0 + 64 * sl, m0 + cw * 64, buf);
-                    bulk_commit();
+            } else {
+                const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;
+#pragma unroll
+                for (int i = 0; i < BN / 2; i += 2) {
+                    float v0 = acc[i], v1 = acc[i + 1];
+                    const int row = row0 + 8 * ((i / 2) % 2);
+                    const int col = n0 + 8 * (i / 4) + 2 * (lane % 4);
+                    if (row < M && col < N) v0 = epi.add(v0, row, col);
+                    if (row < M && col + 1 < N) v1 = epi.add(v1, row, col + 1);
+                    packed[i / 2] = pack2<T>(v0, v1);
                 }
             }
+            pending = true, pending_m0 = m0, pending_n0 = n0;
         }
+        if (pending)
+            store_slices<T>(packed, &tmC, sC, cw, slices, pending_m0, pending_n0, N, 0,
+                            BN / 64 - 1);
         if (leader) bulk_wait_read<0>();  // shared memory outlives the stores' reads
     }
 #endif
@@ -658,7 +731,7 @@ static int sm_count() {  // of the current device, asked once per device
 enum Path { AUTO = 0, WGMMA = 1, MMA = 2, SIMT = 3 };
 
 template <typename T>
-static int launch(const T* A, const T* B, const T* bias, T* C, int M, int N, int K,
+static int launch(const T* A, const T* B, const Epilogue<T> epi, T* C, int M, int N, int K,
                   long long lda, long long sbk, long long sbn, long long ldc, int path,
                   cudaStream_t stream) {
     const bool pair = ldc % 2 == 0 && ((uintptr_t)C & 3) == 0;
@@ -688,11 +761,11 @@ static int launch(const T* A, const T* B, const T* bias, T* C, int M, int N, int
                 if (b_kmajor) {
                     allow_smem((const void*)gemm_wgmma<T, true>, SMEM);
                     gemm_wgmma<T, true><<<grid, THREADS, SMEM, stream>>>(
-                        ta, tb, tc, bias, C, M, N, K, ldc, pair, tma_c);
+                        ta, tb, tc, epi, C, M, N, K, ldc, pair, tma_c);
                 } else {
                     allow_smem((const void*)gemm_wgmma<T, false>, SMEM);
                     gemm_wgmma<T, false><<<grid, THREADS, SMEM, stream>>>(
-                        ta, tb, tc, bias, C, M, N, K, ldc, pair, tma_c);
+                        ta, tb, tc, epi, C, M, N, K, ldc, pair, tma_c);
                 }
                 return (int)cudaGetLastError();
             }
@@ -703,27 +776,28 @@ static int launch(const T* A, const T* B, const T* bias, T* C, int M, int N, int
             const unsigned tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
             if (b_kmajor) {
                 allow_smem((const void*)gemm_mma<T, true>, SMEM);
-                gemm_mma<T, true><<<tiles, THREADS, SMEM, stream>>>(A, B, bias, C, M, N, K, lda,
+                gemm_mma<T, true><<<tiles, THREADS, SMEM, stream>>>(A, B, epi, C, M, N, K, lda,
                                                                     ldb, ldc, pair);
             } else {
                 allow_smem((const void*)gemm_mma<T, false>, SMEM);
-                gemm_mma<T, false><<<tiles, THREADS, SMEM, stream>>>(A, B, bias, C, M, N, K, lda,
+                gemm_mma<T, false><<<tiles, THREADS, SMEM, stream>>>(A, B, epi, C, M, N, K, lda,
                                                                      ldb, ldc, pair);
             }
             return (int)cudaGetLastError();
         }
     }
     const unsigned tiles = ((M + 127) / 128) * ((N + 127) / 128);
-    gemm_simt<T><<<tiles, 256, 0, stream>>>(A, B, bias, C, M, N, K, lda, 1, sbk, sbn, ldc);
+    gemm_simt<T><<<tiles, 256, 0, stream>>>(A, B, epi, C, M, N, K, lda, 1, sbk, sbn, ldc);
     return (int)cudaGetLastError();
 }
 
 // activation(C) in place, element by element: 1 gelu_tanh (0.5 x (1 + tanh(u)) written as
-// x - x / (exp(2u) + 1), finite where exp overflows), 2 gelu (erf). C is rounded to T once before
-// it (the fp64 oracle rounds once, after): within the tolerance; fusing it into the GEMMs'
-// epilogues would save this second pass over C.
+// x - x / (exp(2u) + 1), finite where exp overflows), 2 gelu (erf); then + R[row, col] where a
+// residual R is given (C: contiguous [n / N, N]; R: rows ldr apart). C is rounded to T once
+// before it (the fp64 oracle rounds once, after): within the tolerance; fusing it into the
+// GEMMs' epilogues would save this second pass over C.
 template <typename T>
-__global__ void activate(T* C, long long n, int kind) {
+__global__ void activate(T* C, long long n, int kind, const T* R, long long ldr, int N) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         float x = to_f32(C[i]);
@@ -733,36 +807,49 @@ __global__ void activate(T* C, long long n, int kind) {
         } else {
             x = 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
         }
+        if (R != nullptr) x += to_f32(R[(i / N) * ldr + i % N]);
         C[i] = from_f32<T>(x);
     }
 }
 
-extern "C" int activate_inplace(void* C, long long n, int kind, int dtype, cudaStream_t stream) {
+extern "C" int activate_inplace(void* C, long long n, int kind, const void* R, long long ldr,
+                                int N, int dtype, cudaStream_t stream) {
     const unsigned blocks = (unsigned)min((n + 255) / 256, 65535LL);
     switch (dtype) {
-        case 0: activate<float><<<blocks, 256, 0, stream>>>((float*)C, n, kind); break;
-        case 1: activate<__half><<<blocks, 256, 0, stream>>>((__half*)C, n, kind); break;
-        case 2: activate<__nv_bfloat16><<<blocks, 256, 0, stream>>>((__nv_bfloat16*)C, n, kind);
-                break;
+        case 0: activate<float><<<blocks, 256, 0, stream>>>((float*)C, n, kind, (const float*)R,
+                                                            ldr, N); break;
+        case 1: activate<__half><<<blocks, 256, 0, stream>>>((__half*)C, n, kind,
+                                                             (const __half*)R, ldr, N); break;
+        case 2: activate<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
+                    (__nv_bfloat16*)C, n, kind, (const __nv_bfloat16*)R, ldr, N); break;
         default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();
 }
 
 // A: [M, K] rows lda apart (unit stride along K); B: element strides sbk (along K) and sbn
-// (along N); C: [M, N] rows ldc apart. path: 0 auto, 1 wgmma, 2 mma.sync, 3 CUDA cores.
-// dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES).
-extern "C" int matmul(const void* A, const void* B, const void* bias, void* C, int M, int N,
-                      int K, long long lda, long long sbk, long long sbn, long long ldc,
-                      int dtype, int path, cudaStream_t stream) {
+// (along N); C: [M, N] rows ldc apart; bias [N] and R [M, N] (rows ldr apart) may be null.
+// path: 0 auto, 1 wgmma, 2 mma.sync, 3 CUDA cores. dtype: 0 float32, 1 float16, 2 bfloat16
+// (cuda_build.DTYPE_CODES).
+template <typename T>
+static int launch_typed(const void* A, const void* B, const void* bias, const void* R,
+                        long long ldr, void* C, int M, int N, int K, long long lda, long long sbk,
+                        long long sbn, long long ldc, int path, cudaStream_t stream) {
+    const Epilogue<T> epi{(const T*)bias, (const T*)R, ldr};
+    return launch<T>((const T*)A, (const T*)B, epi, (T*)C, M, N, K, lda, sbk, sbn, ldc, path,
+                     stream);
+}
+
+extern "C" int matmul(const void* A, const void* B, const void* bias, const void* R,
+                      long long ldr, void* C, int M, int N, int K, long long lda, long long sbk,
+                      long long sbn, long long ldc, int dtype, int path, cudaStream_t stream) {
     switch (dtype) {
-        case 0: return launch<float>((const float*)A, (const float*)B, (const float*)bias,
-                                     (float*)C, M, N, K, lda, sbk, sbn, ldc, path, stream);
-        case 1: return launch<__half>((const __half*)A, (const __half*)B, (const __half*)bias,
-                                      (__half*)C, M, N, K, lda, sbk, sbn, ldc, path, stream);
-        case 2: return launch<__nv_bfloat16>((const __nv_bfloat16*)A, (const __nv_bfloat16*)B,
-                                             (const __nv_bfloat16*)bias, (__nv_bfloat16*)C, M, N,
-                                             K, lda, sbk, sbn, ldc, path, stream);
+        case 0: return launch_typed<float>(A, B, bias, R, ldr, C, M, N, K, lda, sbk, sbn, ldc,
+                                           path, stream);
+        case 1: return launch_typed<__half>(A, B, bias, R, ldr, C, M, N, K, lda, sbk, sbn, ldc,
+                                            path, stream);
+        case 2: return launch_typed<__nv_bfloat16>(A, B, bias, R, ldr, C, M, N, K, lda, sbk, sbn,
+                                                   ldc, path, stream);
     }
     return (int)cudaErrorInvalidValue;
 }
@@ -774,9 +861,9 @@ _lib = cuda_build.load(CUDA_SRC)
 ACTIVATIONS = {"gelu_tanh": 1, "gelu": 2}
 
 
-def matmul(A, B, bias=None, activation=None, path="auto"):
-    """activation(A[M,K] @ B[K,N] (+ bias[N])) -> new C[M,N] in A's dtype. path: auto, wgmma,
-    mma, simt."""
+def matmul(A, B, bias=None, activation=None, residual=None, path="auto"):
+    """activation(A[M,K] @ B[K,N] (+ bias[N])) (+ residual[M,N]) -> new C[M,N] in A's dtype.
+    path: auto, wgmma, mma, simt."""
     M, K = A.shape
     K2, N = B.shape
     if K != K2:
@@ -785,14 +872,20 @@ def matmul(A, B, bias=None, activation=None, path="auto"):
         A = A.contiguous()  # rows of A must be contiguous (B may have any strides)
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()  # the epilogues read rows of unit-stride columns
+    ldr = residual.stride(0) if residual is not None else 0
     C = torch.empty((M, N), dtype=A.dtype, device=A.device)
     if C.numel():
-        _lib.matmul(A, B, bias, C, M, N, K, A.stride(0), B.stride(0), B.stride(1), C.stride(0),
-                    A.dtype, PATHS[path])
+        # With an activation the residual is added after it, in the activation's pass.
+        in_gemm = residual if activation is None else None
+        _lib.matmul(A, B, bias, in_gemm, ldr, C, M, N, K, A.stride(0), B.stride(0), B.stride(1),
+                    C.stride(0), A.dtype, PATHS[path])
         if activation is not None:
-            _lib.activate_inplace(C, C.numel(), ACTIVATIONS[activation], A.dtype)
+            _lib.activate_inplace(C, C.numel(), ACTIVATIONS[activation], residual, ldr, N,
+                                  A.dtype)
     return C
 
 
-def kernel_fn(A, B, bias=None, activation=None):
-    return matmul(A, B, bias, activation)
+def kernel_fn(A, B, bias=None, activation=None, residual=None):
+    return matmul(A, B, bias, activation, residual)

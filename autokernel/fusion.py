@@ -1,0 +1,120 @@
+"""
+Fusions torch.compile cannot make across a kernel: a pass over the compiled graph that folds the
+ops around the kernels' custom ops into their arguments.
+
+Inductor sees each kernel as one opaque node and fuses nothing into it, so in a block's
+`x = x + proj(h)` with proj our matmul, the projection's output makes a trip through memory of
+its own (written by the kernel, read back by inductor's add, or by the add it fused into the
+next norm). The pass rewrites
+
+    add(x, view(matmul(A, B, bias, activation)))
+        -> view(matmul(A, B, bias, activation, residual=reshape(x, [-1, N])))
+
+where the matmul's output has no other use, x has the add's shape and dtype (no broadcast, no
+type promotion) and the kernel file takes `residual` (files written before the argument do
+not). It runs as inductor's post-grad custom pass (aten ops, functional, after dead code is
+gone), installed by a compiled swap around its compiles (Swap.installed).
+"""
+import contextlib
+import hashlib
+from pathlib import Path
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from autokernel import ops
+
+aten = torch.ops.aten
+VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+
+
+def _is(node, targets):
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" \
+        and node.target in targets
+
+
+def _arguments(node):
+    """The op node's arguments in schema order, defaults filled in: [(name, value)]."""
+    schema = node.target._schema.arguments
+    values = list(node.args) + [node.kwargs.get(a.name, a.default_value)
+                                for a in schema[len(node.args):]]
+    return [(a.name, v) for a, v in zip(schema, values)]
+
+
+def _projection(operand, out):
+    """(matmul node, views from it up to operand) when operand is a matmul kernel's output seen
+    through single-use views and shaped like the add's output; else None."""
+    views, node = [], operand
+    while _is(node, VIEWS) and len(node.users) == 1:
+        views.append(node)
+        node = node.args[0]
+    if not (_is(node, ops._types) and ops.kernel_type_of(node.target) == "matmul"
+            and len(node.users) == 1 and ops.accepts(node.target, "residual")
+            and dict(_arguments(node)).get("residual") is None):
+        return None
+    val = operand.meta.get("val")
+    if val is None or tuple(val.shape) != tuple(out.shape):
+        return None
+    return node, views
+
+
+def fold_residual_adds(graph):
+    """Rewrite every add(x, matmul's output) of the graph as the matmul's residual (see the
+    module's docstring). Returns how many were folded."""
+    folded = 0
+    for add in list(graph.nodes):
+        if not _is(add, {aten.add.Tensor}) or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+            continue
+        out = add.meta.get("val")
+        for operand, x in (add.args, reversed(add.args)):
+            found = _projection(operand, out) if out is not None else None
+            x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+            if found is None or x_val is None or tuple(x_val.shape) != tuple(out.shape) \
+                    or x_val.dtype != out.dtype:
+                continue
+            mm, views = found
+            n = mm.meta["val"].shape[-1]
+            if not isinstance(n, int) or mm.meta["val"].dtype != out.dtype:
+                continue
+            with graph.inserting_before(mm):
+                rows = graph.call_function(aten.reshape.default, (x, [-1, n]))
+                rows.meta["val"] = x_val.reshape(-1, n)
+                # the call as it was, residual by name (inductor's lowering of a custom op
+                # expects the arguments as the graph gave them, not every default spelled out)
+                fused = graph.call_function(mm.target, mm.args, {**mm.kwargs, "residual": rows})
+                fused.meta = dict(mm.meta)
+            if views:
+                views[-1].replace_input_with(mm, fused)
+            add.replace_all_uses_with(operand if views else fused)
+            graph.erase_node(add)
+            graph.erase_node(mm)
+            folded += 1
+            break
+    return folded
+
+
+class FusionPass(CustomGraphPass):
+    """The pass as inductor takes it: a callable on the graph with a uuid for its cache (the
+    hash of this file: a change to the pass invalidates what it compiled)."""
+
+    def __init__(self, then=None):
+        self.then = then  # a post-grad pass that was installed already: it runs after ours
+
+    def __call__(self, graph):
+        fold_residual_adds(graph)
+        if self.then is not None:
+            self.then(graph)
+
+    def uuid(self):
+        mine = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        then = self.then.uuid() if hasattr(self.then, "uuid") else repr(self.then)
+        return f"{mine}:{then}"
+
+
+@contextlib.contextmanager
+def installed():
+    """The fusion pass in inductor's post-grad custom pass slot, for compiles inside the block
+    (after any pass already there)."""
+    import torch._inductor.config as config
+    with config.patch(post_grad_custom_post_pass=FusionPass(config.post_grad_custom_post_pass)):
+        yield

@@ -1,0 +1,124 @@
+"""autokernel/fusion.py: the pass that folds a block's residual add into the matmul kernel's
+epilogue inside torch.compile. Graphs are traced with make_fx (aten ops, as inductor's post-grad
+pass sees them) and run before and after the pass on the CPU."""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import verify
+from autokernel import fusion
+from autokernel.swap import KernelOp, Swap
+
+ROOT = Path(__file__).resolve().parent.parent
+aten = torch.ops.aten
+
+
+def matmul_op(path):
+    return KernelOp(verify.load_kernel(path), compiled=True).op
+
+
+def block(op, x_shape=(2, 8, 32)):
+    """x + proj(h) as a model writes it: the projection on rows, viewed back to x's shape."""
+    def forward(x, h, W, b):
+        return x + op(h.reshape(-1, h.shape[-1]), W, b).view(*h.shape[:-1], W.shape[1])
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(x_shape, generator=gen), torch.randn(2, 8, 16, generator=gen),
+            torch.randn(16, 32, generator=gen), torch.randn(32, generator=gen))
+    return forward, args
+
+
+def traced(forward, args):
+    return make_fx(forward, tracing_mode="fake")(*args)
+
+
+def adds(gm):
+    return sum(n.target == aten.add.Tensor for n in gm.graph.nodes)
+
+
+def test_the_residual_add_folds_into_the_matmul_and_the_outputs_stay():
+    op = matmul_op(ROOT / "kernels" / "matmul.py")
+    forward, args = block(op)
+    gm = traced(forward, args)
+    want = gm(*args)
+    assert adds(gm) == 1
+    assert fusion.fold_residual_adds(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    assert adds(gm) == 0
+    (call,) = [n for n in gm.graph.nodes if n.target == op]
+    assert call.kwargs["residual"] is not None
+    torch.testing.assert_close(gm(*args), want)
+
+
+def test_a_kernel_file_without_residual_is_left_unfused_and_still_runs(tmp_path):
+    old = tmp_path / "old_matmul.py"  # a kernel file written before the argument
+    old.write_text('KERNEL_TYPE = "matmul"\n\n\n'
+                   'def kernel_fn(A, B, bias=None, activation=None):\n'
+                   '    return A @ B if bias is None else A @ B + bias\n')
+    forward, args = block(matmul_op(old))
+    gm = traced(forward, args)
+    assert fusion.fold_residual_adds(gm.graph) == 0
+    x, h, W, b = args
+    torch.testing.assert_close(gm(*args), x + (h @ W + b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape", [(32,), (1, 8, 32)])
+def test_a_broadcast_residual_is_not_folded(x_shape):
+    forward, args = block(matmul_op(ROOT / "kernels" / "matmul.py"), x_shape)
+    assert fusion.fold_residual_adds(traced(forward, args).graph) == 0
+
+
+def test_a_projection_used_twice_is_not_folded():
+    op = matmul_op(ROOT / "kernels" / "matmul.py")
+    _, args = block(op)
+
+    def forward(x, h, W, b):
+        y = op(h.reshape(-1, 16), W, b).view(2, 8, 32)
+        return x + y, y * 2
+    assert fusion.fold_residual_adds(traced(forward, args).graph) == 0
+
+
+def test_a_compiled_swap_installs_the_pass_for_its_compiles_only():
+    import torch._inductor.config as config
+    before = config.post_grad_custom_post_pass
+    k = verify.load_kernel(ROOT / "kernels" / "matmul.py")
+    with Swap([k], compiled=True).installed(nn.Linear(4, 4)):
+        assert isinstance(config.post_grad_custom_post_pass, fusion.FusionPass)
+    assert config.post_grad_custom_post_pass is before
+    with Swap([k]).installed(nn.Linear(4, 4)):  # eager: nothing compiles
+        assert config.post_grad_custom_post_pass is before
+
+
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+def test_inductor_folds_a_pre_norm_blocks_residual_adds_and_keeps_its_outputs(monkeypatch):
+    """The whole way: a compiled swap, inductor's post-grad pass, the fused op lowered and run
+    (the one inductor compile of this file; caches off, or a cached graph skips the pass)."""
+    import torch._inductor.config as config
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.fc, self.proj = nn.LayerNorm(32), nn.Linear(32, 64), nn.Linear(64, 32)
+
+        def forward(self, x):
+            x = x + self.proj(torch.relu(self.fc(self.ln(x))))
+            return x + self.fc(x)[..., :32]  # a projection whose output is sliced: not folded
+
+    folded = []
+    fold = fusion.fold_residual_adds
+    monkeypatch.setattr(fusion, "fold_residual_adds", lambda g: folded.append(fold(g)))
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(2, 8, 32)
+    want = model(x)
+    k = verify.load_kernel(ROOT / "kernels" / "matmul.py")
+    torch._dynamo.reset()
+    with torch.no_grad(), config.patch(force_disable_caches=True), \
+            Swap([k], compiled=True).installed(model):
+        model(x)  # the swap's weight copies exist before tracing
+        got = torch.compile(model, backend="inductor")(x)
+    torch._dynamo.reset()
+    assert folded == [1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
