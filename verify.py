@@ -85,6 +85,8 @@ Writes workspace/verify.json (--out to change):
               "graph_breaks": int | null (dynamo's graph breaks tracing it, from
                              torch._dynamo.explain: 0 expected),
               "compile_kernels_calls": {kernel: calls in one compiled forward},
+              "compile_kernels_folded": {kernel: those of its calls with the model's add
+                                        folded in (autokernel/fusion.py)},
               "compile_kernels_correctness": {the "correctness" keys} | null,
               "compile_kernels_note": str | null (the backend, or why it failed),
               "compile_gainers": [kernels whose compile_alone_ms beat torch.compile] | null,
@@ -372,6 +374,7 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, backend
               "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None,
               "compile_correctness": None,
               "compile_kernels_ms": None, "graph_breaks": None, "compile_kernels_calls": None,
+              "compile_kernels_folded": None,
               "compile_kernels_correctness": None, "compile_kernels_note": None,
               "compile_gainers": None, "compile_gainers_ms": None,
               "compile_gainers_correctness": None, "paired": None}
@@ -466,7 +469,7 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
     run), its outputs against the original's, and time_it(compiled model) in ms:
     {"ms", "graph_breaks", "calls", "correctness", "note"}. A failure is noted, not fatal: the
     eager kernels are the verdict."""
-    out = {"ms": None, "graph_breaks": None, "calls": None, "correctness": None,
+    out = {"ms": None, "graph_breaks": None, "calls": None, "folded": None, "correctness": None,
            "note": f"torch.compile(backend={backend!r}) with kernels as ops"}
     swap = Swap(kernels, weights, weight_layout, compiled=True)
     try:
@@ -482,6 +485,7 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
             swap.reset()
             run = checked_forward(compiled, inputs)
             out["calls"] = dict(swap.calls)
+            out["folded"] = {k: n for k, n in swap.folded.items() if n}
             out["correctness"] = compare_runs(run, run_ref) if run_ref is not None else None
             del run
             out["ms"] = time_it(compiled)
@@ -733,7 +737,10 @@ def print_compile_kernels(t):
             print(f"torch.compile with kernels: {t['compile_kernels_note']}")
         return
     verdict = outputs_verdict(t["compile_kernels_correctness"])
-    calls = ", ".join(f"{n} {k}" for n, k in t["compile_kernels_calls"].items()) or "none"
+    folded = t.get("compile_kernels_folded") or {}
+    calls = ", ".join(f"{n} {k}" + (f" ({folded[n]} with the add after it folded in)"
+                                    if folded.get(n) else "")
+                      for n, k in t["compile_kernels_calls"].items()) or "none"
     print(f"torch.compile with kernels: {t['compile_kernels_ms']:.3f} ms, "
           f"{t['graph_breaks']} graph break(s), calls per forward: {calls}; outputs {verdict}")
 

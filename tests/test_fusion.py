@@ -114,11 +114,24 @@ def test_inductor_folds_a_pre_norm_blocks_residual_adds_and_keeps_its_outputs(mo
     model, x = Block().eval(), torch.randn(2, 8, 32)
     want = model(x)
     k = verify.load_kernel(ROOT / "kernels" / "matmul.py")
+    swap = Swap([k], compiled=True)
     torch._dynamo.reset()
-    with torch.no_grad(), config.patch(force_disable_caches=True), \
-            Swap([k], compiled=True).installed(model):
+    with torch.no_grad(), config.patch(force_disable_caches=True), swap.installed(model):
         model(x)  # the swap's weight copies exist before tracing
-        got = torch.compile(model, backend="inductor")(x)
+        compiled = torch.compile(model, backend="inductor")
+        compiled(x)
+        swap.reset()
+        got = compiled(x)
     torch._dynamo.reset()
     assert folded == [1]
+    assert swap.calls[k.name] == 3 and swap.folded[k.name] == 1  # what verify.py reports
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_verify_says_which_calls_had_the_add_after_them_folded_in(capsys):
+    verify.print_compile_kernels({
+        "compile_ms": 4.65, "compile_kernels_ms": 4.43, "graph_breaks": 0,
+        "compile_kernels_calls": {"layernorm": 25, "matmul": 49},
+        "compile_kernels_folded": {"matmul": 24}, "compile_kernels_correctness": None})
+    line = capsys.readouterr().out
+    assert "layernorm 25, matmul 49 (24 with the add after it folded in);" in line
