@@ -48,8 +48,8 @@ def _projection(operand, out):
     while _is(node, VIEWS) and len(node.users) == 1:
         views.append(node)
         node = node.args[0]
-    if not (_is(node, ops._types) and ops.kernel_type_of(node.target) == "matmul"
-            and len(node.users) == 1 and ops.accepts(node.target, "residual")
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and ops.kernel_type_of(node.target) == "matmul" and len(node.users) == 1 and ops.accepts(node.target, "residual")
             and dict(_arguments(node)).get("residual") is None):
         return None
     val = operand.meta.get("val")

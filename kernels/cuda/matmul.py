@@ -20,14 +20,15 @@ Three kernels, picked per call (`path` overrides it, for tuning and checks):
     them). TMA writes the tiles in the 128-byte swizzled layout wgmma reads (K-major A; B either
     N-major, [K,N] rows, read with wgmma's transpose bit, or K-major, the [N,K] rows of an
     nn.Linear weight), and fills out-of-range rows and columns with zeros, so no tail needs a
-    mask until the epilogue. The epilogue adds the bias in fp32 and rounds to C's dtype into
-    half the registers; the next tile's MMAs then start at once, and under each of its first
-    four k-tiles one 64x64 slice of the rounded tile goes to shared memory (stmatrix, in the
-    same 128-byte swizzle: no bank conflicts), from where one thread stores it with TMA (whole
-    128-byte rows, rows and columns past C clipped). Two slice buffers per consumer: a slice's
-    store has a k-tile's time to read its buffer before the buffer is written again. (C rows
-    not 16-byte aligned: 4-byte stores from the registers, not deferred.) Tiles are visited in
-    groups of 16 tile rows, column by column, so the blocks in flight share A and B in L2.
+    mask until the epilogue. The epilogue adds the bias and the residual in fp32 and rounds
+    to C's dtype into half the registers; the next tile's MMAs then start at once, and under
+    each of its first four k-tiles one 64x64 slice of the rounded tile goes to shared memory
+    (stmatrix, in the same 128-byte swizzle: no bank conflicts), from where one thread stores
+    it with TMA (whole 128-byte rows, rows and columns past C clipped). Two slice buffers per
+    consumer: a slice's store has a k-tile's time to read its buffer before the buffer is
+    written again. (C rows not 16-byte aligned: 4-byte stores from the registers, not
+    deferred.) Tiles are visited in groups of 16 tile rows, column by column, so the blocks in
+    flight share A and B in L2.
   * sm_80 and newer, fp16/bf16, aligned: mma.sync.m16n8k16 on 128x128x64 tiles, 8 warps (64x32
     of C each), a 3-stage cp.async pipeline (global -> shared without registers) and ldmatrix
     fragment loads from XOR-swizzled shared memory (16-byte chunk c of row r stored at c ^ (r %
