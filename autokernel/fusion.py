@@ -49,7 +49,8 @@ def _projection(operand, out):
         views.append(node)
         node = node.args[0]
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and ops.kernel_type_of(node.target) == "matmul" and len(node.users) == 1 and ops.accepts(node.target, "residual")
+            and ops.kernel_type_of(node.target) == "matmul" and len(node.users) == 1
+            and ops.accepts(node.target, "residual")
             and dict(_arguments(node)).get("residual") is None):
         return None
     val = operand.meta.get("val")
@@ -58,57 +59,80 @@ def _projection(operand, out):
     return node, views
 
 
+def _foldable(add):
+    """(matmul node, its views up to the add, x) when add is x + a matmul's output that
+    fold_residual_adds may rewrite; else None."""
+    if not _is(add, {aten.add.Tensor}) or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+        return None
+    out = add.meta.get("val")
+    for operand, x in (add.args, reversed(add.args)):
+        found = _projection(operand, out) if out is not None else None
+        x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if found is None or x_val is None or tuple(x_val.shape) != tuple(out.shape) \
+                or x_val.dtype != out.dtype:
+            continue
+        mm, views = found
+        if x is operand or x is mm or x in views:  # y + y: the residual would be the output
+            continue
+        if isinstance(mm.meta["val"].shape[-1], int) and mm.meta["val"].dtype == out.dtype:
+            return mm, views, x
+    return None
+
+
+def _fold(graph, add, mm, views, x):
+    """add(x, views(mm)) -> views(mm with residual x as rows), placed where the add was (x may
+    be computed after mm: the new nodes and the views go just before the add)."""
+    n = mm.meta["val"].shape[-1]
+    with graph.inserting_before(add):
+        rows = graph.call_function(aten.reshape.default, (x, [-1, n]))
+        rows.meta["val"] = x.meta["val"].reshape(-1, n)
+        # the call as it was, residual by name (inductor's lowering of a custom op expects the
+        # arguments as the graph gave them, not every default spelled out)
+        fused = graph.call_function(mm.target, mm.args, {**mm.kwargs, "residual": rows})
+        fused.meta = dict(mm.meta)
+    for view in reversed(views):  # innermost first: each lands just before the add, in order
+        add.prepend(view)
+    if views:
+        views[-1].replace_input_with(mm, fused)
+    add.replace_all_uses_with(views[0] if views else fused)
+    graph.erase_node(add)
+    graph.erase_node(mm)
+
+
 def fold_residual_adds(graph):
     """Rewrite every add(x, matmul's output) of the graph as the matmul's residual (see the
     module's docstring). Returns how many were folded."""
     folded = 0
     for add in list(graph.nodes):
-        if not _is(add, {aten.add.Tensor}) or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
-            continue
-        out = add.meta.get("val")
-        for operand, x in (add.args, reversed(add.args)):
-            found = _projection(operand, out) if out is not None else None
-            x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-            if found is None or x_val is None or tuple(x_val.shape) != tuple(out.shape) \
-                    or x_val.dtype != out.dtype:
-                continue
-            mm, views = found
-            n = mm.meta["val"].shape[-1]
-            if not isinstance(n, int) or mm.meta["val"].dtype != out.dtype:
-                continue
-            with graph.inserting_before(mm):
-                rows = graph.call_function(aten.reshape.default, (x, [-1, n]))
-                rows.meta["val"] = x_val.reshape(-1, n)
-                # the call as it was, residual by name (inductor's lowering of a custom op
-                # expects the arguments as the graph gave them, not every default spelled out)
-                fused = graph.call_function(mm.target, mm.args, {**mm.kwargs, "residual": rows})
-                fused.meta = dict(mm.meta)
-            if views:
-                views[-1].replace_input_with(mm, fused)
-            add.replace_all_uses_with(operand if views else fused)
-            graph.erase_node(add)
-            graph.erase_node(mm)
+        found = _foldable(add)
+        if found:
+            _fold(graph, add, *found)
             folded += 1
-            break
     return folded
 
 
 class FusionPass(CustomGraphPass):
-    """The pass as inductor takes it: a callable on the graph with a uuid for its cache (the
-    hash of this file: a change to the pass invalidates what it compiled)."""
+    """The pass as inductor takes it: a callable on the graph with a uuid for its cache: this
+    file's hash (a change to the pass invalidates what it compiled) and which matmul ops take a
+    residual now (a kernel file reverted to one without it must not get a folded graph from the
+    cache)."""
 
     def __init__(self, then=None):
-        self.then = then  # a post-grad pass that was installed already: it runs after ours
+        # post-grad passes installed already (one, or a list): they run after ours
+        self.then = [] if then is None else list(then) if isinstance(then, (list, tuple)) \
+            else [then]
 
     def __call__(self, graph):
         fold_residual_adds(graph)
-        if self.then is not None:
-            self.then(graph)
+        for then in self.then:
+            then(graph)
 
     def uuid(self):
-        mine = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-        then = self.then.uuid() if hasattr(self.then, "uuid") else repr(self.then)
-        return f"{mine}:{then}"
+        if not all(hasattr(then, "uuid") for then in self.then):
+            return None  # a plain callable's result cannot be keyed: inductor skips its cache
+        parts = [hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), *ops.taking("residual"),
+                 *(str(then.uuid()) for then in self.then)]
+        return ":".join(parts)
 
 
 @contextlib.contextmanager

@@ -71,7 +71,8 @@ def _make_matmul(shape, dtype, device, gen, bias=False, activation=None, residua
               "bias": _randn((N,), dtype, device, gen, scale=2.0) if bias else None,
               "activation": activation}
     if residual:  # only then: kernel files written before the option keep their signature
-        inputs["residual"] = _randn((M, N), dtype, device, gen, scale=4.0)
+        # rows 8 apart more than N (a view of a wider buffer): kernels must honour its stride
+        inputs["residual"] = _randn((M, N + 8), dtype, device, gen, scale=4.0)[:, :N]
     return inputs
 
 
@@ -387,7 +388,8 @@ KERNEL_TYPES = {k.name: k for k in [
         bytes=lambda s, dt: (s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * _es(dt),
         bound="compute", uses_dot=True,
         variants=({}, {"bias": True}, {"bias": True, "activation": "gelu_tanh"},
-                  {"bias": True, "activation": "gelu"}, {"bias": True, "residual": True}),
+                  {"bias": True, "activation": "gelu"}, {"bias": True, "residual": True},
+                  {"activation": "gelu", "residual": True}),
         gpu_shapes=_shape_sets((4096, 4096, 4096),
                                [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
                                 (4096, 4096, 4096), (8192, 8192, 8192), (128, 4096, 4096),

@@ -98,6 +98,11 @@ def parameters(fn):
     return None if any(p.kind == p.VAR_KEYWORD for p in params) else {p.name for p in params}
 
 
+def taking(arg):
+    """The registered ops whose kernel takes `arg` now, by name (sorted)."""
+    return sorted(name for name, params in _params.items() if params is None or arg in params)
+
+
 def accepts(op, arg):
     """Whether the kernel behind one of these ops takes `arg` (a type's later optional argument,
     such as matmul's residual, which kernel files written before it do not)."""

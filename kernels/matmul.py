@@ -662,8 +662,8 @@ def matmul(A, B, bias=None, activation=None, residual=None, config=None, tma=Non
     assert K == K2, f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}"
     assert bias is None or (tuple(bias.shape) == (N,) and bias.stride(0) == 1), \
         f"bias must be a contiguous [{N}] vector"
-    assert residual is None or tuple(residual.shape) == (M, N), \
-        f"residual must be [{M}, {N}], like C"
+    assert residual is None or (tuple(residual.shape) == (M, N) and residual.dtype == A.dtype), \
+        f"residual must be [{M}, {N}] in {A.dtype}, like C"
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()  # the epilogue reads rows of unit-stride columns
     C = torch.empty((M, N), device=A.device, dtype=A.dtype)

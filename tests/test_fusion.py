@@ -71,14 +71,46 @@ def test_a_broadcast_residual_is_not_folded(x_shape):
     assert fusion.fold_residual_adds(traced(forward, args).graph) == 0
 
 
-def test_a_projection_used_twice_is_not_folded():
+@pytest.mark.parametrize("use", ["used twice", "added to itself"])
+def test_a_projection_used_again_is_not_folded(use):
     op = matmul_op(ROOT / "kernels" / "matmul.py")
     _, args = block(op)
 
     def forward(x, h, W, b):
         y = op(h.reshape(-1, 16), W, b).view(2, 8, 32)
-        return x + y, y * 2
+        return (x + y, y * 2) if use == "used twice" else y + y
     assert fusion.fold_residual_adds(traced(forward, args).graph) == 0
+
+
+def test_a_residual_computed_after_the_projection_folds_in_a_valid_order():
+    """x made after the matmul (a parallel block: proj(h) + other(h)): the fused call goes
+    where the add was, after x."""
+    op = matmul_op(ROOT / "kernels" / "matmul.py")
+    _, args = block(op)
+
+    def forward(x, h, W, b):
+        y = op(h.reshape(-1, 16), W, b).view(2, 8, 32)
+        return y + x.sin()
+    gm = traced(forward, args)
+    want = gm(*args)
+    assert fusion.fold_residual_adds(gm.graph) == 1
+    gm.graph.lint()  # every node defined before its use
+    gm.recompile()
+    torch.testing.assert_close(gm(*args), want)
+
+
+def test_the_pass_cache_key_changes_with_the_kernels_that_take_a_residual(tmp_path):
+    """A compiled graph with a folded add must not come back from inductor's cache for a kernel
+    file that no longer takes residual (same path, so the same op)."""
+    path = tmp_path / "mm.py"
+    path.write_text((ROOT / "kernels" / "matmul.py").read_text())
+    matmul_op(path)
+    with_residual = fusion.FusionPass().uuid()
+    path.write_text('KERNEL_TYPE = "matmul"\n\n\ndef kernel_fn(A, B, bias=None, activation=None):'
+                    '\n    return A @ B\n')
+    matmul_op(path)
+    assert fusion.FusionPass().uuid() != with_residual
+    assert fusion.FusionPass(lambda graph: None).uuid() is None  # a pass with no key: no cache
 
 
 def test_a_compiled_swap_installs_the_pass_for_its_compiles_only():

@@ -330,8 +330,13 @@ print(compiled.asm["ptx"])
 ])
 def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation, residual):
     """Each schedule pick_hopper_config chooses compiles for an H100 without one: wgmma, TMA and
-    warp specialization, no register spills, within the 227 KB of shared memory."""
-    compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual)
+    warp specialization, no register spills, within the 227 KB of shared memory; a residual
+    adds a TMA load of its own."""
+    ptx = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual)
+    if residual == "residual":
+        plain = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, "none")
+        loads = "mbarrier.arrive.expect_tx"  # a TMA load's byte count on its barrier
+        assert ptx.count(loads) > plain.count(loads)
 
 
 # The qkv_rotary starter's Gluon kernel for an H100, the same way.

@@ -873,6 +873,8 @@ def matmul(A, B, bias=None, activation=None, residual=None, path="auto"):
         A = A.contiguous()  # rows of A must be contiguous (B may have any strides)
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
+    if residual is not None and (tuple(residual.shape) != (M, N) or residual.dtype != A.dtype):
+        raise ValueError(f"residual must be [{M}, {N}] in {A.dtype}, like C")
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()  # the epilogues read rows of unit-stride columns
     ldr = residual.stride(0) if residual is not None else 0

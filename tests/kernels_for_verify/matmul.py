@@ -1,5 +1,5 @@
 """Test kernel (verify.py's tests): tiled matmul C = activation(A @ B (+ bias)) (+ residual),
-fp32 accumulator, any strides (the residual's rows contiguous)."""
+fp32 accumulator, any strides."""
 import torch
 import triton
 import triton.language as tl
@@ -9,7 +9,7 @@ BLOCK = 32
 
 
 @triton.jit
-def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, sam, sak, sbk, sbn, srm,
+def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, sam, sak, sbk, sbn, srm, srn,
             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -32,7 +32,7 @@ def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, sam, sak, sbk, sbn, s
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
     inside = (rm[:, None] < M) & (rn[None, :] < N)
     if HAS_RESIDUAL:
-        acc += tl.load(r_ptr + rm[:, None] * srm + rn[None, :], mask=inside, other=0.0)
+        acc += tl.load(r_ptr + rm[:, None] * srm + rn[None, :] * srn, mask=inside, other=0.0)
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=inside)
 
 
@@ -40,10 +40,10 @@ def kernel_fn(A, B, bias=None, activation=None, residual=None):
     M, K = A.shape
     N = B.shape[1]
     C = torch.empty((M, N), device=A.device, dtype=A.dtype)
-    R = C if residual is None else residual.contiguous()
+    R = C if residual is None else residual
     grid = (triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))
     _matmul[grid](A, B, C, C if bias is None else bias, R, M, N, K, A.stride(0), A.stride(1),
-                  B.stride(0), B.stride(1), R.stride(0), HAS_BIAS=bias is not None,
+                  B.stride(0), B.stride(1), R.stride(0), R.stride(1), HAS_BIAS=bias is not None,
                   ACTIVATION=activation, HAS_RESIDUAL=residual is not None, BM=BLOCK, BN=BLOCK,
                   BK=BLOCK)
     return C
