@@ -10,9 +10,9 @@ next norm). The pass rewrites
     add(x, view(matmul(A, B, bias, activation)))
         -> view(matmul(A, B, bias, activation, residual=reshape(x, [-1, N])))
 
-where the matmul's output has no other use, x has the add's shape and dtype (no broadcast, no
-type promotion) and the kernel file takes `residual` (files written before the argument do
-not). It runs as inductor's post-grad custom pass (aten ops, functional, after dead code is
+where the matmul's output has no other use (nor is x: y + y stays), x has the add's shape and
+dtype (no broadcast, no type promotion) and the kernel file takes `residual` (files written
+before the argument do not). It runs as inductor's post-grad custom pass (aten ops, functional, after dead code is
 gone), installed by a compiled swap around its compiles (Swap.installed).
 """
 import contextlib
