@@ -466,9 +466,9 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
     ignore_index) keep the verdict it reads, since a traced forward cannot read one, and the
     matmul weight copies exist before tracing (else the graph would rebuild them). Then the
     compiled forward's graph breaks (when `breaks`), its calls per kernel (counted as the ops
-    run), its outputs against the original's, and time_it(compiled model) in ms:
-    {"ms", "graph_breaks", "calls", "correctness", "note"}. A failure is noted, not fatal: the
-    eager kernels are the verdict."""
+    run; "folded": those with an add folded in), its outputs against the original's, and
+    time_it(compiled model) in ms: {"ms", "graph_breaks", "calls", "folded", "correctness",
+    "note"}. A failure is noted, not fatal: the eager kernels are the verdict."""
     out = {"ms": None, "graph_breaks": None, "calls": None, "folded": None, "correctness": None,
            "note": f"torch.compile(backend={backend!r}) with kernels as ops"}
     swap = Swap(kernels, weights, weight_layout, compiled=True)

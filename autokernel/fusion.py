@@ -12,8 +12,8 @@ next norm). The pass rewrites
 
 where the matmul's output has no other use (nor is x: y + y stays), x has the add's shape and
 dtype (no broadcast, no type promotion) and the kernel file takes `residual` (files written
-before the argument do not). It runs as inductor's post-grad custom pass (aten ops, functional, after dead code is
-gone), installed by a compiled swap around its compiles (Swap.installed).
+before the argument do not). It runs as inductor's post-grad custom pass (aten ops, functional,
+after dead code is gone), installed by a compiled swap around its compiles (Swap.installed).
 """
 import contextlib
 import hashlib
@@ -25,6 +25,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from autokernel import ops
 
 aten = torch.ops.aten
+SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # the pass's cache key
 VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 
 
@@ -130,7 +131,7 @@ class FusionPass(CustomGraphPass):
     def uuid(self):
         if not all(hasattr(then, "uuid") for then in self.then):
             return None  # a plain callable's result cannot be keyed: inductor skips its cache
-        parts = [hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), *ops.taking("residual"),
+        parts = [SOURCE_HASH, *ops.taking("residual"),
                  *(str(then.uuid()) for then in self.then)]
         return ":".join(parts)
 

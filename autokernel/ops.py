@@ -98,16 +98,21 @@ def parameters(fn):
     return None if any(p.kind == p.VAR_KEYWORD for p in params) else {p.name for p in params}
 
 
+def _takes(name, arg):
+    """Whether op `name`'s kernel_fn now takes `arg` (any, when it takes **kwargs)."""
+    params = _params.get(name, set())
+    return params is None or arg in params
+
+
 def taking(arg):
     """The registered ops whose kernel takes `arg` now, by name (sorted)."""
-    return sorted(name for name, params in _params.items() if params is None or arg in params)
+    return sorted(name for name in _params if _takes(name, arg))
 
 
 def accepts(op, arg):
     """Whether the kernel behind one of these ops takes `arg` (a type's later optional argument,
     such as matmul's residual, which kernel files written before it do not)."""
-    params = _params.get(op._schema.name.split("::")[-1], set())
-    return params is None or arg in params
+    return _takes(op._schema.name.split("::")[-1], arg)
 
 
 def out_strides(shape, order=None):
@@ -142,9 +147,8 @@ def _register(name, kernel_type):
 
     def body(*args, **kwargs):
         inputs = named(args, kwargs)
-        takes = _params.get(name)
-        if takes is not None:  # an optional argument at None only reaches a kernel_fn taking it
-            inputs = {k: v for k, v in inputs.items() if v is not None or k in takes}
+        # an optional argument at None only reaches a kernel_fn taking it
+        inputs = {k: v for k, v in inputs.items() if v is not None or _takes(name, k)}
         with running():
             out = _impls[name](**inputs)
         # Compiled code reads the output with the fake's strides: a kernel that chose another

@@ -636,20 +636,22 @@ def _ensure_allocator():
         triton.set_allocator(_scratch)
 
 
-def _hopper_ok(A, B, C):
+def _hopper_ok(A, B, C, residual=None):
     """On a Hopper GPU, operands the Gluon kernel takes (_hopper_operands)."""
-    return A.is_cuda and _hopper_device(A.device.index) and _hopper_operands(A, B, C)
+    return A.is_cuda and _hopper_device(A.device.index) and _hopper_operands(A, B, C, residual)
 
 
-def _hopper_operands(A, B, C):
+def _hopper_operands(A, B, C, residual=None):
     """Half precision, at least PERSISTENT_MIN_MACS, TMA-describable (16-byte aligned rows):
-    A with contiguous rows of K (a_kmajor), B either way round, C."""
+    A with contiguous rows of K (a_kmajor), B either way round, C, and the residual when there
+    is one (its tiles come by TMA too)."""
     M, K = A.shape
     N = B.shape[1]
     operands = _tma_operands(A, B)
     return (A.dtype in (torch.float16, torch.bfloat16) and B.dtype == A.dtype
             and M * N * K >= PERSISTENT_MIN_MACS
-            and operands is not None and operands[1] and _describable(C))
+            and operands is not None and operands[1] and _describable(C)
+            and (residual is None or _describable(residual)))
 
 
 def matmul(A, B, bias=None, activation=None, residual=None, config=None, tma=None, hopper=None):
@@ -671,8 +673,7 @@ def matmul(A, B, bias=None, activation=None, residual=None, config=None, tma=Non
     bias_arg = bias if has_bias else C  # any valid pointer: the load is compiled out
     res_arg, res_rs = (residual, residual.stride(0)) if has_res else (C, 0)
     if hopper is None:
-        hopper = config is None and tma is None and _hopper_ok(A, B, C) \
-            and (residual is None or _describable(residual))  # its tiles come by TMA
+        hopper = config is None and tma is None and _hopper_ok(A, B, C, residual)
     if hopper:
         return matmul_hopper(A, B, bias, activation, residual, C,
                              pick_hopper_config(M, N, K, activation))

@@ -137,6 +137,8 @@ def test_matmul_hopper_kernel_takes_only_operands_it_can_read():
     rows = lambda pad: torch.empty(M, K + pad, dtype=torch.bfloat16)[:, :K]  # noqa: E731
     assert mm._hopper_operands(rows(8), W.t(), C)      # rows 2064 bytes apart: aligned
     assert not mm._hopper_operands(rows(1), W.t(), C)  # 2050 bytes apart: TMA cannot
+    assert mm._hopper_operands(A, W.t(), C, rows(8))      # a residual: the same rule
+    assert not mm._hopper_operands(A, W.t(), C, rows(1))
 
 
 def test_fused_mlp_gated_hopper_kernel_takes_only_operands_it_can_read():
