@@ -335,6 +335,8 @@ def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation, res
     warp specialization, no register spills, within the 227 KB of shared memory; a residual
     adds a TMA load of its own."""
     ptx = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual)
+    if activation == "gelu_tanh":  # GELU's tanh in one special-function instruction
+        assert "tanh.approx.f32" in ptx
     if residual == "residual":
         plain = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, "none")
         loads = "mbarrier.arrive.expect_tx"  # a TMA load's byte count on its barrier

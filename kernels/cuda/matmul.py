@@ -49,8 +49,15 @@ before, 0.990-0.995x after at 8192x2304x768; 4096^3 0.987-0.991x before, 0.992-0
 Not the epilogue's latency but C's trip itself is what 4096^3 loses: the same kernel with no C
 stores at all ran 1.035-1.040x, with L2 evict-first hints on the stores 0.996x, and at 4224 rows
 (exactly 4 waves of tiles) 1.003-1.007x: cuBLAS balances the last wave (512 tiles on 132 SMs)
-a little better. Things to try: stream-K over the last wave's tiles, 128x128 tiles when N
-leaves a 256-wide last column half empty, split-K for tiny M.
+a little better. Stream-K (each block a run of equal length through the k-tiles of the last
+wave's tiles, or of those and one wave more; partial tiles summed in fp32 through global memory
+by the block holding the tile's first k-tiles) was correct, and on the H100 slower where it
+was to help: 4096^3 222.3 us over the last wave, 265.0 over two, against 206.8 in whole tiles;
+2048x4096x4096 121.5 / 136.0 against 108.0 (8192^3 and 8192x768x3072 within 2% either way).
+Without the partial sums' reads and writes it was still slower:
+blocks then sum different k-ranges of tiles that share A and B panels, which the whole-tile
+order reads in step. Things to try: 128x128 tiles when N leaves a 256-wide last column half
+empty, split-K for tiny M.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/matmul.py     # on a GPU machine
