@@ -303,6 +303,13 @@ def _gl_activate(x, ACTIVATION: gl.constexpr):
 
 
 @gluon.jit
+def _gl_bias_row(bias_ptr, off_n, N, BLOCK_N: gl.constexpr, acc_layout: gl.constexpr):
+    """The tile's BLOCK_N bias values, laid out along the accumulator's columns."""
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    return gl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+
+
+@gluon.jit
 def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, M, N, K, NUM_PROGRAMS,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
                      STAGES: gl.constexpr, COOP: gl.constexpr, B_KMAJOR: gl.constexpr,
@@ -336,8 +343,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, M, N, K, NUM
             # Loaded now, so the load's latency hides behind the products: 1.5-3% faster at
             # GPT-2's 8192x2304x768 and 8192x768x3072 (H100). Not in ping-pong tiles (a
             # 256-wide bias row held through the loop: 5% slower at 8192x3072x768).
-            cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            bias = gl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+            bias = _gl_bias_row(bias_ptr, off_n, N, BLOCK_N, acc_layout)
         prev = 0
         if not COOP:
             # Our turn once the other warpgroup waited for all of its tile's loads. This also
@@ -374,11 +380,10 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, M, N, K, NUM
             mbarrier.arrive(turn.index(1 - wg), count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index(prev), count=1)
-        if HAS_BIAS and COOP:
+        if HAS_BIAS:
+            if not COOP:  # ping-pong: loaded only now (see above)
+                bias = _gl_bias_row(bias_ptr, off_n, N, BLOCK_N, acc_layout)
             acc += bias.to(gl.float32)[None, :]
-        elif HAS_BIAS:
-            cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
         acc = _gl_activate(acc, ACTIVATION)
         if HAS_RESIDUAL:  # added last, in fp32; each thread reads the places it writes next
             mbarrier.wait(res_ready.index(wg), (j // j_step) & 1)

@@ -54,10 +54,9 @@ wave's tiles, or of those and one wave more; partial tiles summed in fp32 throug
 by the block holding the tile's first k-tiles) was correct, and on the H100 slower where it
 was to help: 4096^3 222.3 us over the last wave, 265.0 over two, against 206.8 in whole tiles;
 2048x4096x4096 121.5 / 136.0 against 108.0 (8192^3 and 8192x768x3072 within 2% either way).
-Without the partial sums' reads and writes it was still slower:
-blocks then sum different k-ranges of tiles that share A and B panels, which the whole-tile
-order reads in step. Things to try: 128x128 tiles when N leaves a 256-wide last column half
-empty, split-K for tiny M.
+Without the partial sums' reads and writes it was still slower: blocks then sum different
+k-ranges of tiles that share A and B panels, which the whole-tile order reads in step.
+Things to try: 128x128 tiles when N leaves a 256-wide last column half empty, split-K for tiny M.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/matmul.py     # on a GPU machine
