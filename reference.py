@@ -39,14 +39,23 @@ def _activate(x, activation):
     return x if activation is None else ACTIVATIONS[activation](x)
 
 
-def matmul(A, B, bias=None, activation=None, residual=None):
-    out = A.to(ORACLE) @ B.to(ORACLE)
+# ln_eps given: A's rows go through a LayerNorm (ln_weight, ln_bias, each may be None) first, as
+# a pre-norm block's norm before its projection.
+def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_bias=None,
+           ln_eps=None):
+    A64 = A.to(ORACLE)
+    if ln_eps is not None:
+        A64 = F.layer_norm(A64, (A.shape[-1],), _opt_up(ln_weight), _opt_up(ln_bias), ln_eps)
+    out = A64 @ B.to(ORACLE)
     out = out if bias is None else out + bias.to(ORACLE)
     out = _activate(out, activation)
     return (out if residual is None else out + residual.to(ORACLE)).to(A.dtype)
 
 
-def matmul_eager(A, B, bias=None, activation=None, residual=None):
+def matmul_eager(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_bias=None,
+                 ln_eps=None):
+    if ln_eps is not None:
+        A = F.layer_norm(A, (A.shape[-1],), ln_weight, ln_bias, ln_eps)
     out = _activate(A @ B if bias is None else torch.addmm(bias, A, B), activation)
     return out if residual is None else out + residual
 

@@ -12,8 +12,17 @@ next norm). The pass rewrites
 
 where the matmul's output has no other use (nor is x: y + y stays), x has the add's shape and
 dtype (no broadcast, no type promotion) and the kernel file takes `residual` (files written
-before the argument do not). It runs as inductor's post-grad custom pass (aten ops, functional,
-after dead code is gone), installed by a compiled swap around its compiles (Swap.installed).
+before the argument do not). And a pre-norm block's LayerNorm, when our layernorm kernel's only
+use is a projection by our matmul kernel:
+
+    matmul(views(layernorm(x, w, b, eps)), B, ...)
+        -> matmul(views(x), B, ..., ln_weight=w, ln_bias=b, ln_eps=eps)
+
+so the normalized rows never go through memory (the matmul kernel takes the statistics from
+its A tiles). Not where B is vocabulary-wide (N > LN_FOLD_MAX_N): the kernel's tile order for
+a norm reads B once per row block. Both run as inductor's post-grad custom pass (aten ops,
+functional, after dead code is gone), installed by a compiled swap around its compiles
+(Swap.installed).
 """
 import contextlib
 import hashlib
@@ -112,11 +121,67 @@ def fold_residual_adds(graph):
     return folded
 
 
+LN_FOLD_MAX_N = 16384  # the widest projection a LayerNorm is folded into (see the docstring)
+
+
+def _normed_projection(ln):
+    """(matmul node, views from ln up to its A) when a layernorm op's output is used only as
+    the A of a matmul that may take the norm, through single-use views; else None."""
+    views, node = [], ln
+    while len(node.users) == 1 and _is(next(iter(node.users)), VIEWS):
+        node = next(iter(node.users))
+        views.append(node)
+    if len(node.users) != 1:
+        return None
+    mm = next(iter(node.users))
+    if not (mm.op == "call_function" and ops.kernel_type_of(mm.target) == "matmul"
+            and ops.accepts(mm.target, "ln_eps")):
+        return None
+    args = dict(_arguments(mm))
+    out, x, rows = (n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+                    for n in (mm, dict(_arguments(ln))["x"], node))
+    if args["A"] is not node or args.get("ln_eps") is not None or None in (out, x, rows) \
+            or not isinstance(out.shape[-1], int) or out.shape[-1] > LN_FOLD_MAX_N \
+            or x.shape[-1] != rows.shape[-1]:  # the norm's rows are the product's rows
+        return None
+    return mm, views
+
+
+def fold_layernorms(graph):
+    """Rewrite every layernorm op whose only use is a matmul's A as that matmul's norm (see the
+    module's docstring). Returns how many were folded."""
+    folded = 0
+    for ln in list(graph.nodes):
+        if not (ln.op == "call_function" and ops.kernel_type_of(ln.target) == "layernorm"):
+            continue
+        found = _normed_projection(ln)
+        if found is None:
+            continue
+        mm, views = found
+        norm = dict(_arguments(ln))
+        with graph.inserting_before(mm):
+            rows = norm["x"]
+            for view in views:  # the same views, of x (shaped as the norm's output)
+                rows = graph.call_function(view.target, (rows, *view.args[1:]), view.kwargs)
+                rows.meta["val"] = view.meta["val"]
+            fused = graph.call_function(mm.target, (rows, *mm.args[1:]), {
+                **mm.kwargs, "ln_weight": norm["weight"], "ln_bias": norm["bias"],
+                "ln_eps": norm["eps"]})
+            fused.meta = dict(mm.meta)
+        mm.replace_all_uses_with(fused)
+        graph.erase_node(mm)
+        for view in reversed(views):
+            graph.erase_node(view)
+        graph.erase_node(ln)
+        folded += 1
+    return folded
+
+
 class FusionPass(CustomGraphPass):
     """The pass as inductor takes it: a callable on the graph with a uuid for its cache: this
     file's hash (a change to the pass invalidates what it compiled) and which matmul ops take a
-    residual now (a kernel file reverted to one without it must not get a folded graph from the
-    cache)."""
+    residual and a norm now (a kernel file reverted to one without them must not get a folded
+    graph from the cache)."""
 
     def __init__(self, then=None):
         # post-grad passes installed already (one, or a list): they run after ours
@@ -125,13 +190,14 @@ class FusionPass(CustomGraphPass):
 
     def __call__(self, graph):
         fold_residual_adds(graph)
+        fold_layernorms(graph)
         for then in self.then:
             then(graph)
 
     def uuid(self):
         if not all(hasattr(then, "uuid") for then in self.then):
             return None  # a plain callable's result cannot be keyed: inductor skips its cache
-        parts = [SOURCE_HASH, *ops.taking("residual"),
+        parts = [SOURCE_HASH, *ops.taking("residual"), *ops.taking("ln_eps"),
                  *(str(then.uuid()) for then in self.then)]
         return ":".join(parts)
 

@@ -65,7 +65,8 @@ def rotary_tables(seq_len, head_dim, dtype, device, base=10000.0, offset=0):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _make_matmul(shape, dtype, device, gen, bias=False, activation=None, residual=False):
+def _make_matmul(shape, dtype, device, gen, bias=False, activation=None, residual=False,
+                 ln=False):
     M, N, K = shape
     inputs = {"A": _randn((M, K), dtype, device, gen), "B": _randn((K, N), dtype, device, gen),
               "bias": _randn((N,), dtype, device, gen, scale=2.0) if bias else None,
@@ -73,6 +74,10 @@ def _make_matmul(shape, dtype, device, gen, bias=False, activation=None, residua
     if residual:  # only then: kernel files written before the option keep their signature
         # rows 8 apart more than N (a view of a wider buffer): kernels must honour its stride
         inputs["residual"] = _randn((M, N + 8), dtype, device, gen, scale=4.0)[:, :N]
+    if ln:  # a pre-norm block's LayerNorm on A's rows (rows off zero, as a residual stream's)
+        inputs["A"] = _randn((M, K), dtype, device, gen, scale=2.0, shift=0.5)
+        inputs.update(ln_weight=_affine_weight(K, dtype, device, gen),
+                      ln_bias=_randn((K,), dtype, device, gen, scale=0.2), ln_eps=1e-5)
     return inputs
 
 
@@ -184,6 +189,14 @@ def _adv_matmul(shape, dtype, device, gen, **options):
     rs = 2.0 ** torch.randint(-6, 1, (M, 1), device=device, generator=gen).float()
     cs = 2.0 ** torch.randint(-6, 1, (1, N), device=device, generator=gen).float()
     wide = dict(inp, A=(inp["A"].float() * rs).to(dtype), B=(inp["B"].float() * cs).to(dtype))
+    if options.get("ln"):
+        # Rows whose mean is many times their spread (a residual stream's outlier rows): no
+        # variance as E[x^2] - E[x]^2 about zero, and a centring done after the products (x B -
+        # mean colsum(B)) must cancel exactly.
+        spread = 2.0 ** torch.randint(-3, 1, (M, 1), device=device, generator=gen).float()
+        offset = 4.0 * torch.randn((M, 1), device=device, generator=gen)
+        far = torch.randn((M, K), device=device, generator=gen) * spread + offset
+        return [("wide dynamic range", wide), ("rows far from zero", dict(inp, A=far.to(dtype)))]
     ones = dict(inp, A=torch.ones((M, K), device=device, dtype=dtype))
     return [("wide dynamic range", wide), ("all-ones A", ones)]
 
@@ -382,14 +395,16 @@ NORM_CPU_SHAPES = _shape_sets((64, 1024), [(1, 16), (4, 128), (16, 768), (8, 409
 
 KERNEL_TYPES = {k.name: k for k in [
     KernelType(
-        "matmul", ("A", "B", "bias", "activation", "residual"), ("M", "N", "K"), _make_matmul,
+        "matmul", ("A", "B", "bias", "activation", "residual", "ln_weight", "ln_bias", "ln_eps"),
+        ("M", "N", "K"), _make_matmul,
         _adv_matmul,
         flops=lambda s, **v: 2 * s[0] * s[1] * s[2],
         bytes=lambda s, dt: (s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * _es(dt),
         bound="compute", uses_dot=True,
         variants=({}, {"bias": True}, {"bias": True, "activation": "gelu_tanh"},
                   {"bias": True, "activation": "gelu"}, {"bias": True, "residual": True},
-                  {"activation": "gelu", "residual": True}),
+                  {"activation": "gelu", "residual": True}, {"bias": True, "ln": True},
+                  {"bias": True, "activation": "gelu_tanh", "ln": True}),
         gpu_shapes=_shape_sets((4096, 4096, 4096),
                                [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
                                 (4096, 4096, 4096), (8192, 8192, 8192), (128, 4096, 4096),

@@ -33,7 +33,9 @@ NAMESPACE = "autokernel"
 # or are tensors; a new type with a new kind of argument adds it here.
 ARG_TYPES = {"bias": Optional[torch.Tensor], "weight": Optional[torch.Tensor], "eps": float,
              "causal": bool, "scale": Optional[float], "dim": int, "activation": Optional[str],
-             "kv_heads": int, "residual": Optional[torch.Tensor]}
+             "kv_heads": int, "residual": Optional[torch.Tensor],
+             "ln_weight": Optional[torch.Tensor], "ln_bias": Optional[torch.Tensor],
+             "ln_eps": Optional[float]}
 
 # How many op bodies (real, fake or backward) run right now. While one does, the swap's patched
 # torch entry points pass straight through: the kernel's own torch calls and the reference's

@@ -167,3 +167,65 @@ def test_verify_says_which_calls_had_the_add_after_them_folded_in(capsys):
         "compile_kernels_folded": {"matmul": 24}, "compile_kernels_correctness": None})
     line = capsys.readouterr().out
     assert "layernorm 25, matmul 49 (24 with the add after it folded in);" in line
+
+
+def normed_projection(ln_op, mm_op, n=32):
+    """A pre-norm block's norm and projection as a model writes them (rows of the norm's
+    output), with the norm's x also used on its own (the residual stream)."""
+    def forward(x, w, b, W, bias):
+        h = ln_op(x, w, b, 1e-5)
+        return x[..., :1] + mm_op(h.reshape(-1, h.shape[-1]), W, bias).view(2, 8, W.shape[1])
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(2, 8, 16, generator=gen) * 2 + 3, 1 + 0.2 * torch.randn(16, generator=gen),
+            0.2 * torch.randn(16, generator=gen), torch.randn(16, n, generator=gen),
+            torch.randn(n, generator=gen))
+    return forward, args
+
+
+def calls_of(gm, op):
+    return [n for n in gm.graph.nodes if n.target == op]
+
+
+def test_a_layernorm_folds_into_the_projection_after_it_and_the_outputs_stay():
+    ln_op, mm_op = (matmul_op(ROOT / "kernels" / f"{t}.py") for t in ("layernorm", "matmul"))
+    forward, args = normed_projection(ln_op, mm_op)
+    gm = traced(forward, args)
+    want = gm(*args)
+    assert fusion.fold_layernorms(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    assert not calls_of(gm, ln_op)
+    (call,) = calls_of(gm, mm_op)
+    assert call.kwargs["ln_eps"] == 1e-5 and call.kwargs["ln_weight"] is not None
+    torch.testing.assert_close(gm(*args), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_layernorm_is_not_folded_into_a_vocabulary_wide_projection_or_a_second_use(
+        monkeypatch):
+    ln_op, mm_op = (matmul_op(ROOT / "kernels" / f"{t}.py") for t in ("layernorm", "matmul"))
+    monkeypatch.setattr(fusion, "LN_FOLD_MAX_N", 16)  # N = 32 counts as vocabulary-wide
+    gm = traced(*normed_projection(ln_op, mm_op))
+    assert fusion.fold_layernorms(gm.graph) == 0
+    monkeypatch.undo()
+
+    def twice(x, w, b, W, bias):  # the norm's output also used on its own
+        h = ln_op(x, w, b, 1e-5)
+        return mm_op(h.reshape(-1, 16), W, bias).sum() + h.sum()
+    gm = traced(twice, normed_projection(ln_op, mm_op)[1])
+    assert fusion.fold_layernorms(gm.graph) == 0
+
+    def halves(x, w, b, W, bias):  # rows of 16 normalized, products over 8 of them
+        h = ln_op(x, w, b, 1e-5)
+        return mm_op(h.reshape(-1, 8), W[:8], bias)
+    gm = traced(halves, normed_projection(ln_op, mm_op)[1])
+    assert fusion.fold_layernorms(gm.graph) == 0
+
+
+def test_a_kernel_file_without_the_norm_is_left_unfused(tmp_path):
+    old = tmp_path / "old_matmul.py"  # a kernel file written before the arguments
+    old.write_text('KERNEL_TYPE = "matmul"\n\n\n'
+                   'def kernel_fn(A, B, bias=None, activation=None, residual=None):\n'
+                   '    return A @ B if bias is None else A @ B + bias\n')
+    ln_op = matmul_op(ROOT / "kernels" / "layernorm.py")
+    gm = traced(*normed_projection(ln_op, matmul_op(old)))
+    assert fusion.fold_layernorms(gm.graph) == 0

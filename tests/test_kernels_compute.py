@@ -305,17 +305,18 @@ from autokernel.kernel_types import SHARP_STD
 mm = load_module(autokernel.KERNELS_DIR / "matmul.py")
 M, N, K = (int(v) for v in sys.argv[1].split("x"))
 b_kmajor, activation = sys.argv[2] == "kmajor", None if sys.argv[3] == "none" else sys.argv[3]
-residual = sys.argv[4] == "residual"
+residual, ln = sys.argv[4] == "residual", sys.argv[5] == "ln"
 cfg = mm.pick_hopper_config(M, N, K, activation)
 BN, BK = cfg["BLOCK_N"], mm.HOPPER_BLOCK_K
 blocks = {"a_desc": (64, BK), "b_desc": (BN, BK) if b_kmajor else (BK, BN), "c_desc": (64, BN),
           "r_desc": (64, BN)}
 signature = {name: f"tensordesc<bf16[{b[0]}, {b[1]}],{mm._gl_layout(b, torch.bfloat16)!r}>"
              for name, b in blocks.items()}
-signature.update(bias_ptr="*bf16", M="i32", N="i32", K="i32", NUM_PROGRAMS="i32")
+signature.update(bias_ptr="*fp32" if ln else "*bf16", colsum_ptr="*fp32", ln_eps="fp32",
+                 M="i32", N="i32", K="i32", NUM_PROGRAMS="i32")  # a norm's bias' is fp32
 constants = dict(BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
                  COOP=cfg["COOP"], B_KMAJOR=b_kmajor, HAS_BIAS=True, ACTIVATION=activation,
-                 HAS_RESIDUAL=residual)
+                 HAS_RESIDUAL=residual, HAS_LN=ln)
 signature.update({name: "constexpr" for name in constants})
 source = GluonASTSource(mm.matmul_hopper_kernel, signature, constants)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -324,23 +325,28 @@ print(compiled.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("shape,b_layout,activation,residual", [
-    ("8192x50304x768", "kmajor", "none", "none"),        # cooperative 128x256 (vocabulary)
-    ("8192x768x3072", "kmajor", "none", "residual"),     # cooperative 128x128 (a block's c_proj)
-    ("8192x768x3072", "rows", "gelu", "none"),           # cooperative 128x128 (narrow N)
-    ("8192x3072x768", "rows", "gelu_tanh", "residual"),  # ping-pong 64x256 (small K)
+@pytest.mark.parametrize("shape,b_layout,activation,residual,ln", [
+    ("8192x50304x768", "kmajor", "none", "none", "none"),      # cooperative 128x256 (vocabulary)
+    ("8192x768x3072", "kmajor", "none", "residual", "none"),   # cooperative 128x128 (c_proj)
+    ("8192x768x3072", "rows", "gelu", "none", "none"),         # cooperative 128x128 (narrow N)
+    ("8192x3072x768", "rows", "gelu_tanh", "residual", "none"),  # ping-pong 64x256 (small K)
+    ("8192x2304x768", "rows", "none", "none", "ln"),           # a LayerNorm folded in: c_attn
+    ("8192x3072x768", "kmajor", "gelu_tanh", "none", "ln"),    # and c_fc (ping-pong)
 ])
-def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation, residual):
+def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation, residual, ln):
     """Each schedule pick_hopper_config chooses compiles for an H100 without one: wgmma, TMA and
     warp specialization, no register spills, within the 227 KB of shared memory; a residual
-    adds a TMA load of its own."""
-    ptx = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual)
+    adds a TMA load of its own; a LayerNorm reads the A boxes from shared memory (16-byte
+    vectors) for its statistics."""
+    ptx = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual, ln)
     if activation == "gelu_tanh":  # GELU's tanh in one special-function instruction
         assert "tanh.approx.f32" in ptx
     if residual == "residual":
-        plain = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, "none")
+        plain = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, "none", ln)
         loads = "mbarrier.arrive.expect_tx"  # a TMA load's byte count on its barrier
         assert ptx.count(loads) > plain.count(loads)
+    if ln == "ln":
+        assert "ld.shared.v4" in ptx
 
 
 # The qkv_rotary starter's Gluon kernel for an H100, the same way.

@@ -3,7 +3,9 @@ Matmul C[M,N] = activation(A[M,K] @ B[K,N] (+ bias[N])) (+ residual[M,N]) in CUD
 kernel for AutoKernel (BACKEND = "cuda"): fp32 accumulation, C in A's dtype, the bias and the
 residual added to the fp32 accumulator in the epilogue (C makes one trip through memory and is
 rounded once); the activation (None, "gelu_tanh", "gelu") in a second pass over C, for now (the
-residual then comes after it, in that pass).
+residual then comes after it, in that pass). A LayerNorm of A's rows first (ln_weight, ln_bias,
+ln_eps): a row kernel of its own writes the normalized A before the GEMM, for now (the Triton
+starter folds the norm into its GEMM).
 
 Three kernels, picked per call (`path` overrides it, for tuning and checks):
 
@@ -837,6 +839,64 @@ extern "C" int activate_inplace(void* C, long long n, int kind, const void* R, l
     return (int)cudaGetLastError();
 }
 
+// The sum of v over a block of up to 1024 threads (warp shuffles, then one warp over the warps'
+// sums in `part`), returned to every thread.
+__device__ __forceinline__ float block_sum(float v, float* part) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();  // part's last use is done
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = threadIdx.x % 32 < blockDim.x / 32 ? part[threadIdx.x % 32] : 0.f;  // every warp
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// A pre-norm block's LayerNorm, row by row, before the GEMM: Y[row] = (X[row] - mean) / std * w
+// + b (w, b may be null), one block a row, in fp32: the mean first, then the mean square of
+// x - mean (rows whose mean is many times their spread do not cancel). X: rows ldx apart; Y:
+// contiguous [M, K].
+template <typename T>
+__global__ void layernorm_rows(const T* X, long long ldx, const T* w, const T* b, float eps,
+                               T* Y, int K) {
+    __shared__ float part[32];
+    const T* x = X + blockIdx.x * ldx;
+    T* y = Y + (long long)blockIdx.x * K;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) s += to_f32(x[i]);
+    const float mean = block_sum(s, part) / K;
+    float q = 0.f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        const float d = to_f32(x[i]) - mean;
+        q += d * d;
+    }
+    const float rstd = rsqrtf(block_sum(q, part) / K + eps);
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        float v = (to_f32(x[i]) - mean) * rstd;
+        if (w != nullptr) v *= to_f32(w[i]);
+        if (b != nullptr) v += to_f32(b[i]);
+        y[i] = from_f32<T>(v);
+    }
+}
+
+extern "C" int layernorm_into(const void* X, long long ldx, const void* w, const void* b,
+                              float eps, void* Y, int M, int K, int dtype, cudaStream_t stream) {
+    switch (dtype) {
+        case 0: layernorm_rows<float><<<M, 256, 0, stream>>>(
+                    (const float*)X, ldx, (const float*)w, (const float*)b, eps, (float*)Y, K);
+                break;
+        case 1: layernorm_rows<__half><<<M, 256, 0, stream>>>(
+                    (const __half*)X, ldx, (const __half*)w, (const __half*)b, eps, (__half*)Y,
+                    K);
+                break;
+        case 2: layernorm_rows<__nv_bfloat16><<<M, 256, 0, stream>>>(
+                    (const __nv_bfloat16*)X, ldx, (const __nv_bfloat16*)w,
+                    (const __nv_bfloat16*)b, eps, (__nv_bfloat16*)Y, K);
+                break;
+        default: return (int)cudaErrorInvalidValue;
+    }
+    return (int)cudaGetLastError();
+}
+
 // A: [M, K] rows lda apart (unit stride along K); B: element strides sbk (along K) and sbn
 // (along N); C: [M, N] rows ldc apart; bias [N] and R [M, N] (rows ldr apart) may be null.
 // path: 0 auto, 1 wgmma, 2 mma.sync, 3 CUDA cores. dtype: 0 float32, 1 float16, 2 bfloat16
@@ -871,15 +931,25 @@ _lib = cuda_build.load(CUDA_SRC)
 ACTIVATIONS = {"gelu_tanh": 1, "gelu": 2}
 
 
-def matmul(A, B, bias=None, activation=None, residual=None, path="auto"):
-    """activation(A[M,K] @ B[K,N] (+ bias[N])) (+ residual[M,N]) -> new C[M,N] in A's dtype.
-    path: auto, wgmma, mma, simt."""
+def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_bias=None,
+           ln_eps=None, path="auto"):
+    """activation(LN(A)[M,K] @ B[K,N] (+ bias[N])) (+ residual[M,N]) -> new C[M,N] in A's
+    dtype; LN a LayerNorm of A's rows (ln_weight, ln_bias may be None) where ln_eps is given, for
+    now a pass of its own into a normalized copy of A (the Triton starter folds it into the
+    GEMM). path: auto, wgmma, mma, simt."""
     M, K = A.shape
     K2, N = B.shape
     if K != K2:
         raise ValueError(f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
     if A.stride(1) != 1:
         A = A.contiguous()  # rows of A must be contiguous (B may have any strides)
+    if ln_eps is not None and A.numel():
+        ln_weight, ln_bias = (t if t is None or t.stride(0) == 1 else t.contiguous()
+                              for t in (ln_weight, ln_bias))
+        normed = torch.empty((M, K), dtype=A.dtype, device=A.device)
+        _lib.layernorm_into(A, A.stride(0), ln_weight, ln_bias, float(ln_eps), normed, M, K,
+                            A.dtype)
+        A = normed
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
     if residual is not None and (tuple(residual.shape) != (M, N) or residual.dtype != A.dtype):
@@ -899,5 +969,6 @@ def matmul(A, B, bias=None, activation=None, residual=None, path="auto"):
     return C
 
 
-def kernel_fn(A, B, bias=None, activation=None, residual=None):
-    return matmul(A, B, bias, activation, residual)
+def kernel_fn(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_bias=None,
+              ln_eps=None):
+    return matmul(A, B, bias, activation, residual, ln_weight, ln_bias, ln_eps)

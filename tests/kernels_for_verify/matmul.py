@@ -1,5 +1,5 @@
-"""Test kernel (verify.py's tests): tiled matmul C = activation(A @ B (+ bias)) (+ residual),
-fp32 accumulator, any strides."""
+"""Test kernel (verify.py's tests): tiled matmul C = activation(LN(A) @ B (+ bias)) (+ residual),
+fp32 accumulator, any strides; LN (where ln_eps is given) a row LayerNorm pass of its own."""
 import torch
 import triton
 import triton.language as tl
@@ -36,7 +36,31 @@ def _matmul(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, sam, sak, sbk, sbn, s
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=inside)
 
 
-def kernel_fn(A, B, bias=None, activation=None, residual=None):
+@triton.jit
+def _layernorm(x_ptr, w_ptr, b_ptr, y_ptr, K, sxm, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+               BK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BK)
+    x = tl.load(x_ptr + row * sxm + cols, mask=cols < K, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / K
+    d = tl.where(cols < K, x - mean, 0.0)
+    y = d * tl.rsqrt(tl.sum(d * d, axis=0) / K + eps)
+    if HAS_W:
+        y *= tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    if HAS_B:
+        y += tl.load(b_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * K + cols, y, mask=cols < K)
+
+
+def kernel_fn(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_bias=None,
+              ln_eps=None):
+    if ln_eps is not None:  # the rows normalized first, into a copy
+        normed = torch.empty(A.shape, device=A.device, dtype=A.dtype)
+        _layernorm[(A.shape[0],)](A, A if ln_weight is None else ln_weight,
+                                  A if ln_bias is None else ln_bias, normed, A.shape[1],
+                                  A.stride(0), ln_eps, HAS_W=ln_weight is not None,
+                                  HAS_B=ln_bias is not None, BK=triton.next_power_of_2(A.shape[1]))
+        A = normed
     M, K = A.shape
     N = B.shape[1]
     C = torch.empty((M, N), device=A.device, dtype=A.dtype)
