@@ -87,6 +87,7 @@ Writes workspace/verify.json (--out to change):
               "compile_kernels_calls": {kernel: calls in one compiled forward},
               "compile_kernels_folded": {kernel: those of its calls with the model's add
                                         folded in (autokernel/fusion.py)},
+              "compile_kernels_normed": {kernel: those with the norm before it folded in},
               "compile_kernels_correctness": {the "correctness" keys} | null,
               "compile_kernels_note": str | null (the backend, or why it failed),
               "compile_gainers": [kernels whose compile_alone_ms beat torch.compile] | null,
@@ -374,7 +375,7 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, backend
               "warmup": warmup, "repeat": repeat, "compile_ms": None, "compile_note": None,
               "compile_correctness": None,
               "compile_kernels_ms": None, "graph_breaks": None, "compile_kernels_calls": None,
-              "compile_kernels_folded": None,
+              "compile_kernels_folded": None, "compile_kernels_normed": None,
               "compile_kernels_correctness": None, "compile_kernels_note": None,
               "compile_gainers": None, "compile_gainers_ms": None,
               "compile_gainers_correctness": None, "paired": None}
@@ -466,11 +467,12 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
     ignore_index) keep the verdict it reads, since a traced forward cannot read one, and the
     matmul weight copies exist before tracing (else the graph would rebuild them). Then the
     compiled forward's graph breaks (when `breaks`), its calls per kernel (counted as the ops
-    run; "folded": those with an add folded in), its outputs against the original's, and
-    time_it(compiled model) in ms: {"ms", "graph_breaks", "calls", "folded", "correctness",
-    "note"}. A failure is noted, not fatal: the eager kernels are the verdict."""
-    out = {"ms": None, "graph_breaks": None, "calls": None, "folded": None, "correctness": None,
-           "note": f"torch.compile(backend={backend!r}) with kernels as ops"}
+    run; "folded": those with an add folded in; "normed": those with a norm folded in), its
+    outputs against the original's, and time_it(compiled model) in ms: {"ms", "graph_breaks",
+    "calls", "folded", "normed", "correctness", "note"}. A failure is noted, not fatal: the
+    eager kernels are the verdict."""
+    out = {"ms": None, "graph_breaks": None, "calls": None, "folded": None, "normed": None,
+           "correctness": None, "note": f"torch.compile(backend={backend!r}) with kernels as ops"}
     swap = Swap(kernels, weights, weight_layout, compiled=True)
     try:
         with swap.installed(model):
@@ -486,6 +488,7 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
             run = checked_forward(compiled, inputs)
             out["calls"] = dict(swap.calls)
             out["folded"] = {k: n for k, n in swap.folded.items() if n}
+            out["normed"] = {k: n for k, n in swap.normed.items() if n}
             out["correctness"] = compare_runs(run, run_ref) if run_ref is not None else None
             del run
             out["ms"] = time_it(compiled)
@@ -738,8 +741,13 @@ def print_compile_kernels(t):
         return
     verdict = outputs_verdict(t["compile_kernels_correctness"])
     folded = t.get("compile_kernels_folded") or {}
-    calls = ", ".join(f"{n} {k}" + (f" ({folded[n]} with the add after it folded in)"
-                                    if folded.get(n) else "")
+    normed = t.get("compile_kernels_normed") or {}
+
+    def fused(n):  # what the fusion pass folded into a kernel's calls
+        parts = [f"{folded[n]} with the add after it folded in"] if folded.get(n) else []
+        parts += [f"{normed[n]} with the norm before it"] if normed.get(n) else []
+        return f" ({', '.join(parts)})" if parts else ""
+    calls = ", ".join(f"{n} {k}{fused(n)}"
                       for n, k in t["compile_kernels_calls"].items()) or "none"
     print(f"torch.compile with kernels: {t['compile_kernels_ms']:.3f} ms, "
           f"{t['graph_breaks']} graph break(s), calls per forward: {calls}; outputs {verdict}")

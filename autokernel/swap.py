@@ -113,8 +113,8 @@ class KernelOp:
         self.ktype = autokernel.KERNEL_TYPES[kernel.kernel_type]
         self.specs = {}  # input shapes and dtypes -> the reference's output (shape, dtype)
         self.op = ops.kernel_op(kernel, self._op_body) if compiled else None
-        # on_call(op, shape, folded) after each call of the op's body, held weakly: ops.py keeps
-        # the body (and so this KernelOp) registered after its swap is gone.
+        # on_call(op, shape, folded, normed) after each call of the op's body, held weakly:
+        # ops.py keeps the body (and so this KernelOp) registered after its swap is gone.
         self.on_call = on_call and weakref.WeakMethod(on_call)
 
     def _op_body(self, **inputs):
@@ -123,8 +123,9 @@ class KernelOp:
         shape = SWAP_RULES[self.kernel.kernel_type].contract_shape(inputs)
         out = self(shape, **inputs)
         count = self.on_call and self.on_call()
-        if count:  # a residual only comes from inductor's pass (fusion.py): an add folded in
-            count(self, shape, inputs.get("residual") is not None)
+        if count:  # a residual or a norm only comes from inductor's pass (fusion.py): folded in
+            count(self, shape, inputs.get("residual") is not None,
+                  inputs.get("ln_eps") is not None)
         return out
 
     def __call__(self, shape, **inputs):
@@ -240,6 +241,7 @@ class Swap:
     def reset(self):
         self.calls = Counter()
         self.folded = Counter()  # kernel -> its compiled calls with an add folded in
+        self.normed = Counter()  # kernel -> its compiled calls with a norm folded in
         self.shapes = defaultdict(set)
         self.fallbacks = defaultdict(Counter)  # type -> reason -> calls
         self.skipped = defaultdict(Counter)    # type -> reason -> modules
@@ -279,9 +281,10 @@ class Swap:
         self.shapes[op.kernel.name].add(op.ktype.shape_str(shape))
         return out
 
-    def _count(self, op, shape, folded=False):
+    def _count(self, op, shape, folded=False, normed=False):
         self.calls[op.kernel.name] += 1
         self.folded[op.kernel.name] += folded
+        self.normed[op.kernel.name] += normed
         self.shapes[op.kernel.name].add(op.ktype.shape_str(shape))
 
     @contextlib.contextmanager

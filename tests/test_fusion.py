@@ -125,7 +125,7 @@ def test_a_compiled_swap_installs_the_pass_for_its_compiles_only():
 
 
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
-def test_inductor_folds_a_pre_norm_blocks_residual_adds_and_keeps_its_outputs(monkeypatch):
+def test_inductor_folds_a_pre_norm_blocks_adds_and_norm_and_keeps_its_outputs(monkeypatch):
     """The whole way: a compiled swap, inductor's post-grad pass, the fused op lowered and run
     (the one inductor compile of this file; caches off, or a cached graph skips the pass)."""
     import torch._inductor.config as config
@@ -145,8 +145,8 @@ def test_inductor_folds_a_pre_norm_blocks_residual_adds_and_keeps_its_outputs(mo
     torch.manual_seed(0)
     model, x = Block().eval(), torch.randn(2, 8, 32)
     want = model(x)
-    k = verify.load_kernel(ROOT / "kernels" / "matmul.py")
-    swap = Swap([k], compiled=True)
+    k, norm = (verify.load_kernel(ROOT / "kernels" / f"{t}.py") for t in ("matmul", "layernorm"))
+    swap = Swap([k, norm], compiled=True)
     torch._dynamo.reset()
     with torch.no_grad(), config.patch(force_disable_caches=True), swap.installed(model):
         model(x)  # the swap's weight copies exist before tracing
@@ -156,7 +156,9 @@ def test_inductor_folds_a_pre_norm_blocks_residual_adds_and_keeps_its_outputs(mo
         got = compiled(x)
     torch._dynamo.reset()
     assert folded == [1]
-    assert swap.calls[k.name] == 3 and swap.folded[k.name] == 1  # what verify.py reports
+    # what verify.py reports: the add after proj and the norm before fc folded in
+    assert swap.calls[k.name] == 3 and swap.folded[k.name] == 1 and swap.normed[k.name] == 1
+    assert swap.calls[norm.name] == 0
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -167,6 +169,13 @@ def test_verify_says_which_calls_had_the_add_after_them_folded_in(capsys):
         "compile_kernels_folded": {"matmul": 24}, "compile_kernels_correctness": None})
     line = capsys.readouterr().out
     assert "layernorm 25, matmul 49 (24 with the add after it folded in);" in line
+    verify.print_compile_kernels({
+        "compile_ms": 4.65, "compile_kernels_ms": 4.33, "graph_breaks": 0,
+        "compile_kernels_calls": {"layernorm": 1, "matmul": 49},
+        "compile_kernels_folded": {"matmul": 24}, "compile_kernels_normed": {"matmul": 24},
+        "compile_kernels_correctness": None})
+    line = capsys.readouterr().out
+    assert "matmul 49 (24 with the add after it folded in, 24 with the norm before it);" in line
 
 
 def normed_projection(ln_op, mm_op, n=32):
