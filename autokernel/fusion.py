@@ -125,8 +125,9 @@ LN_FOLD_MAX_N = 16384  # the widest projection a LayerNorm is folded into (see t
 
 
 def _normed_projection(ln):
-    """(matmul node, views from ln up to its A) when a layernorm op's output is used only as
-    the A of a matmul that may take the norm, through single-use views; else None."""
+    """(matmul node, views from ln up to its A, the norm's arguments) when a layernorm op's
+    output is used only as the A of a matmul that may take the norm, through single-use views;
+    else None."""
     views, node = [], ln
     while len(node.users) == 1 and _is(next(iter(node.users)), VIEWS):
         node = next(iter(node.users))
@@ -137,14 +138,14 @@ def _normed_projection(ln):
     if not (mm.op == "call_function" and ops.kernel_type_of(mm.target) == "matmul"
             and ops.accepts(mm.target, "ln_eps")):
         return None
-    args = dict(_arguments(mm))
+    args, norm = dict(_arguments(mm)), dict(_arguments(ln))
     out, x, rows = (n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-                    for n in (mm, dict(_arguments(ln))["x"], node))
+                    for n in (mm, norm["x"], node))
     if args["A"] is not node or args.get("ln_eps") is not None or None in (out, x, rows) \
             or not isinstance(out.shape[-1], int) or out.shape[-1] > LN_FOLD_MAX_N \
             or x.shape[-1] != rows.shape[-1]:  # the norm's rows are the product's rows
         return None
-    return mm, views
+    return mm, views, norm
 
 
 def fold_layernorms(graph):
@@ -157,8 +158,7 @@ def fold_layernorms(graph):
         found = _normed_projection(ln)
         if found is None:
             continue
-        mm, views = found
-        norm = dict(_arguments(ln))
+        mm, views, norm = found
         with graph.inserting_before(mm):
             rows = norm["x"]
             for view in views:  # the same views, of x (shaped as the norm's output)

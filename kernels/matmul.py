@@ -468,13 +468,12 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
     # The CTA's tiles are j = 0, 1, ... (tile ids program_id + j * NUM_PROGRAMS); tile j's loads
     # take ring places j * k_steps onwards. Cooperative: every tile, our 64 rows of it.
     # Ping-pong: tiles j = wg, wg + 2, ..., all of their rows.
-    total = num_pid_m * num_pid_n
     if COOP:
         first, step, j, j_step, row = gl.program_id(0), NUM_PROGRAMS, 0, 1, 64 * wg
     else:
         first, step, j, j_step, row = gl.program_id(0) + wg * NUM_PROGRAMS, 2 * NUM_PROGRAMS, \
             wg, 2, 0
-    end = total
+    end = num_pid_m * num_pid_n
     if HAS_LN:  # runs of consecutive tiles of one row block: its statistics serve the run
         r, L, end = _gl_runs(num_pid_m, num_pid_n, NUM_PROGRAMS)
         if COOP:
@@ -609,8 +608,7 @@ def _hopper_producer(descs, bars, bufs, bias_ptr, colsum_ptr, ln_eps, M, N, K, N
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
     count = 0
-    total = num_pid_m * num_pid_n
-    first, end, step = gl.program_id(0), total, NUM_PROGRAMS
+    first, end, step = gl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS
     if HAS_LN:  # the consumers' runs of consecutive tiles
         r, L, end = _gl_runs(num_pid_m, num_pid_n, NUM_PROGRAMS)
         first, step = 0, 1
@@ -761,12 +759,12 @@ def matmul_hopper(A, B, bias, activation, residual, C, config, colsum=None, ln_e
     blocks = ((A, (64, BK)), (b_view, b_block), (C, (64, BN)), (r_view, (64, BN)))
     descs = [TensorDescriptor.from_tensor(t, list(block), _gl_layout(block, A.dtype))
              for t, block in blocks]
-    tiles = -(-M // (128 if config["COOP"] else 64)) * -(-N // BN)
-    grid = min(tiles, _num_sms(A.device.index))
+    row_blocks, col_tiles = -(-M // (128 if config["COOP"] else 64)), -(-N // BN)
+    sms = _num_sms(A.device.index)
+    grid = min(row_blocks * col_tiles, sms)
     if colsum is not None:  # as many CTAs as runs of tiles (_gl_runs), at most one per SM
-        row_blocks, sms = -(-M // (128 if config["COOP"] else 64)), _num_sms(A.device.index)
         runs = max(1, sms // row_blocks)
-        grid = min(row_blocks * (runs if -(-N // BN) % runs == 0 else 1), sms)
+        grid = min(row_blocks * (runs if col_tiles % runs == 0 else 1), sms)
     matmul_hopper_kernel[(grid,)](
         *descs, bias if bias is not None else C, colsum if colsum is not None else C,
         float(ln_eps or 0.0), M, N, K, grid, BN, BK, config["GROUP_M"], config["STAGES"],
@@ -892,10 +890,8 @@ def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_b
     if hopper is None:
         hopper = config is None and tma is None and _hopper_ok(A, B, C, residual)
     if hopper:
-        cfg = pick_hopper_config(M, N, K, activation)
-        if colsum is not None:  # rows in order: a run of tiles stays in one row block
-            cfg = dict(cfg, GROUP_M=1)
-        return matmul_hopper(A, B, bias, activation, residual, C, cfg, colsum, ln_eps)
+        return matmul_hopper(A, B, bias, activation, residual, C,
+                             pick_hopper_config(M, N, K, activation), colsum, ln_eps)
     cfg = dict(config or pick_config(M, N, K, A.dtype))
     if not config and torch.version.hip is not None:
         # AMD GPUs have 64 KiB of LDS (MI300X; 160 on MI350X), not the 228 KiB these H100
