@@ -68,6 +68,7 @@ PLANTED_CASES = {
     "attention_contiguous_only": ([], "FAIL", "layout=bshd"),
     "qkv_rotary_flat_positions": ([], "FAIL", "wrong values at 2x8x48x3x3x32"),
     "residual_contiguous_only": ([], "FAIL", "bias=True residual=True"),
+    "ln_bias_dropped": ([], "FAIL", "ln=True"),
 }
 
 
