@@ -177,6 +177,23 @@ def fold_layernorms(graph):
     return folded
 
 
+def give_fallbacks(graph):
+    """Each kernel op in the graph gets inductor's fallback lowering now, the one inductor would
+    give it (the same layout constraint), so inductor never takes its implicit path for it: that
+    path logs the op's arguments first, and torch 2.11 formats that line whether it is logged
+    or not, printing the IR behind each argument as a tree (shared inputs printed again on each
+    path to them): with GPT-2's norms folded into its projections, compiling the model hung in
+    that formatting for minutes on the H100. (Later torch formats it only when logged.)"""
+    from torch._inductor import lowering
+    for node in graph.nodes:
+        op = node.target
+        if node.op == "call_function" and ops.kernel_type_of(op) is not None \
+                and op not in lowering.lowerings:
+            tag = lowering.get_layout_constraint_tag(op, with_default=True)
+            lowering.make_fallback(op, layout_constraint=lowering.tag_to_layout_constraint(tag),
+                                   warn=False)
+
+
 class FusionPass(CustomGraphPass):
     """The pass as inductor takes it: a callable on the graph with a uuid for its cache: this
     file's hash (a change to the pass invalidates what it compiled) and which matmul ops take a
@@ -191,6 +208,7 @@ class FusionPass(CustomGraphPass):
     def __call__(self, graph):
         fold_residual_adds(graph)
         fold_layernorms(graph)
+        give_fallbacks(graph)
         for then in self.then:
             then(graph)
 

@@ -145,22 +145,24 @@ def _row_moments(x, k, K, shift, s1, s2, BLOCK_K: tl.constexpr):
     """Adds k-step k's [BLOCK_M, BLOCK_K] tile of A to its rows' moments about `shift` (each
     row's mean over the first tile): sums of d and d^2, d = x - shift. The shift keeps the
     variance, s2/K - (s1/K)^2, from cancelling in rows whose mean is many times their spread.
-    Columns past K are left out."""
+    Columns past K are left out (zeros in d, the tile less its shift, also returned)."""
     x = x.to(tl.float32)
     cols = k * BLOCK_K + tl.arange(0, BLOCK_K)
     if k == 0:
         shift = tl.sum(x, axis=1) / tl.minimum(K, BLOCK_K)
     d = tl.where((cols < K)[None, :], x - shift[:, None], 0.0)
-    return shift, s1 + tl.sum(d, axis=1), s2 + tl.sum(d * d, axis=1)
+    return shift, s1 + tl.sum(d, axis=1), s2 + tl.sum(d * d, axis=1), d
 
 
 @triton.jit
-def _normalize(acc, shift, s1, s2, colsum, ln_eps, K):
+def _normalize(acc, shift, s1, s2, colsum, ln_eps, K, CENTRED: tl.constexpr):
     """acc = x B' -> (x - mean) B' / std = rstd (acc - mean colsum(B')), row by row: the
-    LayerNorm (its affine folded into B' and the bias by _ln_fold) finished in the epilogue."""
+    LayerNorm (its affine folded into B' and the bias by _ln_fold) finished in the epilogue.
+    CENTRED: acc is (x - shift) B', so only the rest of the mean is left to take off."""
     mean_d = s1 / K
     rstd = tl.rsqrt(tl.maximum(s2 / K - mean_d * mean_d, 0.0) + ln_eps)
-    return (acc - (shift + mean_d)[:, None] * colsum[None, :]) * rstd[:, None]
+    centre = mean_d if CENTRED else shift + mean_d
+    return (acc - centre[:, None] * colsum[None, :]) * rstd[:, None]
 
 
 @triton.jit
@@ -200,7 +202,8 @@ def matmul_ptr_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, colsum_ptr, ln_eps
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
                       HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                      HAS_RESIDUAL: tl.constexpr, HAS_LN: tl.constexpr):
+                      HAS_RESIDUAL: tl.constexpr, HAS_LN: tl.constexpr,
+                      CENTRED: tl.constexpr):
     pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -222,13 +225,18 @@ def matmul_ptr_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, colsum_ptr, ln_eps
             k_left = K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if HAS_LN:
-            shift, s1, s2 = _row_moments(a, k, K, shift, s1, s2, BLOCK_K)
+            shift, s1, s2, d = _row_moments(a, k, K, shift, s1, s2, BLOCK_K)
+            if CENTRED:
+                # fp32: the products of rows whose mean is ~100x their spread, taken raw, cancel
+                # in the epilogue by more than tf32x3 keeps (wrong at 1e-4 on the H100); the
+                # shifted rows do not. (16-bit rows are exact, their fp32 sums far finer.)
+                a = d
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if HAS_LN:  # the wrapped cols are valid addresses: no mask
-        acc = _normalize(acc, shift, s1, s2, tl.load(colsum_ptr + cols), ln_eps, K)
+        acc = _normalize(acc, shift, s1, s2, tl.load(colsum_ptr + cols), ln_eps, K, CENTRED)
     if HAS_BIAS:  # the wrapped cols are valid addresses: no mask
         acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
     acc = _activate(acc, ACTIVATION)
@@ -948,6 +956,7 @@ def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_b
                                 BM, BN, BK, cfg["GROUP_M"], EVEN_K=K % BK == 0,
                                 PRECISION=precision, HAS_BIAS=has_bias, ACTIVATION=activation,
                                 HAS_RESIDUAL=has_res, HAS_LN=colsum is not None,
+                                CENTRED=A.dtype == torch.float32,
                                 num_warps=cfg["num_warps"],
                                 num_stages=cfg["num_stages"])
     return C
