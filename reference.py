@@ -123,14 +123,17 @@ def flash_attention_library(Q, K, V, causal=True, scale=None):
                                           enable_gqa=K.shape[1] != Q.shape[1])
 
 
-# ---- fused SwiGLU MLP: (silu(x w_gate^T) * (x w_up^T)) w_down^T ------------------------------
-def fused_mlp(x, w_gate, w_up, w_down):
+# ---- fused SwiGLU MLP: (silu(x w_gate^T) * (x w_up^T)) w_down^T (+ residual[M,D]) -----------
+# residual: the stream the block's MLP output is added to, added last, as matmul's.
+def fused_mlp(x, w_gate, w_up, w_down, residual=None):
     xd, g, u, d = _up(x, w_gate, w_up, w_down)
-    return ((F.silu(xd @ g.T) * (xd @ u.T)) @ d.T).to(x.dtype)
+    out = (F.silu(xd @ g.T) * (xd @ u.T)) @ d.T
+    return (out if residual is None else out + residual.to(ORACLE)).to(x.dtype)
 
 
-def fused_mlp_eager(x, w_gate, w_up, w_down):
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+def fused_mlp_eager(x, w_gate, w_up, w_down, residual=None):
+    out = F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+    return out if residual is None else out + residual
 
 
 # ---- cross entropy: mean loss, fp32 scalar --------------------------------------------------

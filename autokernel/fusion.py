@@ -10,7 +10,8 @@ next norm). The pass rewrites
     add(x, view(matmul(A, B, bias, activation)))
         -> view(matmul(A, B, bias, activation, residual=reshape(x, [-1, N])))
 
-where the matmul's output has no other use (nor is x: y + y stays), x has the add's shape and
+and the same for fused_mlp (an MLP's `x + mlp(h)`: the residual goes into its down projection),
+where the kernel's output has no other use (nor is x: y + y stays), x has the add's shape and
 dtype (no broadcast, no type promotion) and the kernel file takes `residual` (files written
 before the argument do not). And a pre-norm block's LayerNorm, when our layernorm kernel's only
 use is a projection by our matmul kernel:
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+import autokernel
 from autokernel import ops
 
 aten = torch.ops.aten
@@ -51,16 +53,24 @@ def _arguments(node):
     return [(a.name, v) for a, v in zip(schema, values)]
 
 
+def _takes_residual(op):
+    """Whether op is a kernel op whose type has a residual (matmul, fused_mlp) and whose
+    kernel file takes it."""
+    ktype = ops.kernel_type_of(op)
+    return ktype is not None and "residual" in autokernel.KERNEL_TYPES[ktype].args \
+        and ops.accepts(op, "residual")
+
+
 def _projection(operand, out):
-    """(matmul node, views from it up to operand) when operand is a matmul kernel's output seen
-    through single-use views and shaped like the add's output; else None."""
+    """(kernel node, views from it up to operand) when operand is the output of a kernel that
+    may take a residual, seen through single-use views and shaped like the add's output; else
+    None."""
     views, node = [], operand
     while _is(node, VIEWS) and len(node.users) == 1:
         views.append(node)
         node = node.args[0]
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and ops.kernel_type_of(node.target) == "matmul" and len(node.users) == 1
-            and ops.accepts(node.target, "residual")
+            and _takes_residual(node.target) and len(node.users) == 1
             and dict(_arguments(node)).get("residual") is None):
         return None
     val = operand.meta.get("val")
@@ -70,8 +80,8 @@ def _projection(operand, out):
 
 
 def _foldable(add):
-    """(matmul node, its views up to the add, x) when add is x + a matmul's output that
-    fold_residual_adds may rewrite; else None."""
+    """(kernel node, its views up to the add, x) when add is x + a matmul's or fused_mlp's
+    output that fold_residual_adds may rewrite; else None."""
     if not _is(add, {aten.add.Tensor}) or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
         return None
     out = add.meta.get("val")
@@ -110,8 +120,8 @@ def _fold(graph, add, mm, views, x):
 
 
 def fold_residual_adds(graph):
-    """Rewrite every add(x, matmul's output) of the graph as the matmul's residual (see the
-    module's docstring). Returns how many were folded."""
+    """Rewrite every add(x, a matmul's or fused_mlp's output) of the graph as the kernel's
+    residual (see the module's docstring). Returns how many were folded."""
     folded = 0
     for add in list(graph.nodes):
         found = _foldable(add)
@@ -196,7 +206,7 @@ def give_fallbacks(graph):
 
 class FusionPass(CustomGraphPass):
     """The pass as inductor takes it: a callable on the graph with a uuid for its cache: this
-    file's hash (a change to the pass invalidates what it compiled) and which matmul ops take a
+    file's hash (a change to the pass invalidates what it compiled) and which kernel ops take a
     residual and a norm now (a kernel file reverted to one without them must not get a folded
     graph from the cache)."""
 

@@ -123,12 +123,15 @@ def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=N
     return {"Q": q, "K": k, "V": v, "causal": causal, "scale": scale}
 
 
-def _make_fused_mlp(shape, dtype, device, gen):
+def _make_fused_mlp(shape, dtype, device, gen, residual=False):
     M, D, F = shape
-    return {"x": _randn((M, D), dtype, device, gen),
-            "w_gate": _randn((F, D), dtype, device, gen, scale=D ** -0.5),
-            "w_up": _randn((F, D), dtype, device, gen, scale=D ** -0.5),
-            "w_down": _randn((D, F), dtype, device, gen, scale=F ** -0.5)}
+    inputs = {"x": _randn((M, D), dtype, device, gen),
+              "w_gate": _randn((F, D), dtype, device, gen, scale=D ** -0.5),
+              "w_up": _randn((F, D), dtype, device, gen, scale=D ** -0.5),
+              "w_down": _randn((D, F), dtype, device, gen, scale=F ** -0.5)}
+    if residual:  # as matmul's: a strided view (rows 8 apart more than D), only when asked
+        inputs["residual"] = _randn((M, D + 8), dtype, device, gen, scale=4.0)[:, :D]
+    return inputs
 
 
 def _make_cross_entropy(shape, dtype, device, gen):
@@ -253,7 +256,7 @@ def _adv_attention(shape, dtype, device, gen, **options):
 
 
 def _adv_fused_mlp(shape, dtype, device, gen, **options):
-    inp = _make_fused_mlp(shape, dtype, device, gen)
+    inp = _make_fused_mlp(shape, dtype, device, gen, **options)
     # Gate pre-activations ~N(0, 64): silu saturates on both sides (exp overflows in fp16 math);
     # the up projection shrinks by as much so the product, and its fp16 rounding, stay O(1).
     return [("saturated gate", dict(inp, w_gate=(inp["w_gate"].float() * 8).to(dtype),
@@ -483,11 +486,11 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(1, 2, 64, 32)],
                                [(1, 1, 127, 64), (1, 1, 33, 128), (1, 4, 1, 32)])),
     KernelType(
-        "fused_mlp", ("x", "w_gate", "w_up", "w_down"), ("M", "D", "F"), _make_fused_mlp,
-        _adv_fused_mlp,
+        "fused_mlp", ("x", "w_gate", "w_up", "w_down", "residual"), ("M", "D", "F"),
+        _make_fused_mlp, _adv_fused_mlp,
         flops=lambda s, **v: 6 * s[0] * s[1] * s[2],
         bytes=lambda s, dt: (2 * s[0] * s[1] + 3 * s[1] * s[2]) * _es(dt),
-        bound="compute", uses_dot=True,
+        bound="compute", uses_dot=True, variants=({}, {"residual": True}),
         gpu_shapes=_shape_sets((2048, 4096, 11008),
                                [(128, 1024, 2816), (512, 2048, 5632), (1024, 4096, 11008),
                                 (2048, 4096, 11008), (4096, 2048, 5632), (8192, 768, 3072),

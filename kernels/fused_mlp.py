@@ -5,13 +5,14 @@ Starter kernel: fused SwiGLU MLP, out = (silu(x w_gate^T) * (x w_up^T)) w_down^T
     from kernels.fused_mlp import kernel_fn; out = kernel_fn(x=x, w_gate=wg, w_up=wu, w_down=wd)
     uv run bench.py            # after extract.py (or you) copied this file to kernel.py
 
-Shapes: x[M,D], w_gate/w_up[F,D], w_down[D,F] (nn.Linear weights) -> out[M,D].
+Shapes: x[M,D], w_gate/w_up[F,D], w_down[D,F] (nn.Linear weights) -> out[M,D]; residual[M,D],
+when given, is added to out (a block's `x + mlp(norm(x))`: the sum leaves the GEMM in one pass).
 Two GEMMs (this file is standalone on purpose: extract.py copies it alone):
   1. GATED: each tile of x w_gate^T and the same tile of x w_up^T are computed from one x tile
      (two fp32 accumulators, x read once for both), silu(g) * u is taken in registers and h[M,F]
      is written once. Eager writes gate and up, reads them back for silu and the product: ~5
      extra passes over an [M,F] tensor that never happen here.
-  2. h @ w_down^T, a plain GEMM.
+  2. h @ w_down^T, a plain GEMM, the residual added in its epilogue in fp32.
 h is kept in the input dtype (as eager keeps it); the gate math runs in fp32 before that rounding.
 The gated GEMM on Hopper (half precision, 16-byte aligned rows, >= 2^30 multiply-adds) is a
 Gluon kernel, persistent and warp-specialized like kernels/matmul.py's: a one-warp producer
@@ -69,13 +70,27 @@ def _silu_times(gate, up):
 
 
 @triton.jit
-def mlp_gemm_ptr_kernel(a_ptr, w1_ptr, w2_ptr, c_ptr, M, N, K,
+def _add_residual(acc, res_ptr, stride_rm, off_m, off_n, M, N, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The down projection's residual: the tile's [BLOCK_M, BLOCK_N] of residual (rows
+    stride_rm apart, unit-stride columns) added in fp32, so out is still rounded once."""
+    if HAS_RESIDUAL:
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        ptrs = res_ptr + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :]
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def mlp_gemm_ptr_kernel(a_ptr, w1_ptr, w2_ptr, c_ptr, res_ptr, M, N, K,
                         stride_am, stride_ak, stride_w1n, stride_w1k, stride_w2n, stride_w2k,
-                        stride_cm, stride_cn,
+                        stride_cm, stride_cn, stride_rm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
-                        PRECISION: tl.constexpr):
-    """C = a @ w1^T, or silu(a @ w1^T) * (a @ w2^T) when GATED."""
+                        PRECISION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """C = a @ w1^T (+ residual), or silu(a @ w1^T) * (a @ w2^T) when GATED."""
     pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -108,16 +123,18 @@ def mlp_gemm_ptr_kernel(a_ptr, w1_ptr, w2_ptr, c_ptr, M, N, K,
         w1_ptrs += BLOCK_K * stride_w1k
     if GATED:
         acc1 = _silu_times(acc1, acc2)
+    acc1 = _add_residual(acc1, res_ptr, stride_rm, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
+                         BLOCK_M, BLOCK_N, HAS_RESIDUAL)
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc1.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def mlp_gemm_tma_kernel(a_desc, w1_desc, w2_desc, c_desc, M, N, K,
+def mlp_gemm_tma_kernel(a_desc, w1_desc, w2_desc, c_desc, res_ptr, M, N, K, stride_rm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, GATED: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        PRECISION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """The same GEMM with row-major a[M,K], w[N,K], c[M,N] read and written by TMA."""
     pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
@@ -132,18 +149,22 @@ def mlp_gemm_tma_kernel(a_desc, w1_desc, w2_desc, c_desc, M, N, K,
             acc2 = tl.dot(a, w2_desc.load([off_n, off_k]).T, acc2, input_precision=PRECISION)
     if GATED:
         acc1 = _silu_times(acc1, acc2)
+    acc1 = _add_residual(acc1, res_ptr, stride_rm, off_m, off_n, M, N, BLOCK_M, BLOCK_N,
+                         HAS_RESIDUAL)
     c_desc.store([off_m, off_n], acc1.to(OUT_DTYPE))
 
 
 @triton.jit
-def mlp_gemm_persistent_kernel(a_desc, w_desc, c_desc, M, N, K, a_rs, w_rs, c_rs,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def mlp_gemm_persistent_kernel(a_desc, w_desc, c_desc, res_ptr, M, N, K, a_rs, w_rs, c_rs,
+                               r_rs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                OUT_DTYPE: tl.constexpr, EPI_SPLIT: tl.constexpr,
-                               NUM_PROGRAMS: tl.constexpr, DEVICE_DESC: tl.constexpr):
-    """The down projection a @ w^T, persistent: one program per SM looping over tiles p,
-    p + NUM_PROGRAMS, ... in one flattened software pipeline, so the next tile's loads are in
-    flight while this one's epilogue (the cast, the store in EPI_SPLIT column slices) runs."""
+                               NUM_PROGRAMS: tl.constexpr, DEVICE_DESC: tl.constexpr,
+                               HAS_RESIDUAL: tl.constexpr):
+    """The down projection a @ w^T (+ residual), persistent: one program per SM looping over
+    tiles p, p + NUM_PROGRAMS, ... in one flattened software pipeline, so the next tile's loads
+    are in flight while this one's epilogue (the residual, the cast, the store in EPI_SPLIT
+    column slices) runs."""
     EPI_N: tl.constexpr = BLOCK_N // EPI_SPLIT
     if DEVICE_DESC:  # raw tensors came in: build the descriptors here (no host encoding)
         a_desc = tl.make_tensor_descriptor(a_desc, [M, K], [a_rs, 1], [BLOCK_M, BLOCK_K])
@@ -167,6 +188,8 @@ def mlp_gemm_persistent_kernel(a_desc, w_desc, c_desc, M, N, K, a_rs, w_rs, c_rs
         pid_m, pid_n = _tile_of(epi_tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        acc = _add_residual(acc, res_ptr, r_rs, off_m, off_n, M, N, BLOCK_M, BLOCK_N,
+                            HAS_RESIDUAL)
         if EPI_SPLIT == 2:
             left, right = acc.reshape(BLOCK_M, 2, EPI_N).permute(0, 2, 1).split()
             c_desc.store([off_m, off_n], left.to(OUT_DTYPE))
@@ -432,7 +455,7 @@ def _ensure_allocator():
         triton.set_allocator(_scratch)
 
 
-def _persistent(a, w, c, cfg):
+def _persistent(a, w, c, residual, cfg):
     """Launch the persistent kernel: one program per SM (4 in the interpreter, which takes
     host-made descriptors)."""
     M, K = a.shape
@@ -449,9 +472,11 @@ def _persistent(a, w, c, cfg):
                 TensorDescriptor.from_tensor(w, [BN, BK]),
                 TensorDescriptor.from_tensor(c, [BM, BN // epi]))
     mlp_gemm_persistent_kernel[(min(tiles, n_sm),)](
-        *args, M, N, K, a.stride(0), w.stride(0), c.stride(0), BM, BN, BK, cfg["GROUP_M"],
+        *args, c if residual is None else residual, M, N, K, a.stride(0), w.stride(0),
+        c.stride(0), 0 if residual is None else residual.stride(0), BM, BN, BK, cfg["GROUP_M"],
         OUT_DTYPE=_TL_DTYPES[a.dtype], EPI_SPLIT=epi, NUM_PROGRAMS=n_sm,
-        DEVICE_DESC=a.is_cuda, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        DEVICE_DESC=a.is_cuda, HAS_RESIDUAL=residual is not None, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -505,16 +530,23 @@ def gated_hopper(a, w1, w2, c, config=None):
     return c
 
 
-def mlp_gemm(a, w1, w2=None, config=None, tma=None, hopper=None):
-    """a[M,K] @ w1[N,K]^T -> [M,N]; with w2: silu(a @ w1^T) * (a @ w2^T). New tensor, a's dtype.
-    The gated GEMM runs the Gluon kernel where _gated_hopper_ok allows it, unless hopper=False
-    or a Triton config/tma is given (tuning); hopper may also be a config for it."""
+def mlp_gemm(a, w1, w2=None, residual=None, config=None, tma=None, hopper=None):
+    """a[M,K] @ w1[N,K]^T (+ residual[M,N]) -> [M,N]; with w2: silu(a @ w1^T) * (a @ w2^T) (no
+    residual). New tensor, a's dtype. The gated GEMM runs the Gluon kernel where
+    _gated_hopper_ok allows it, unless hopper=False or a Triton config/tma is given (tuning);
+    hopper may also be a config for it."""
     M, K = a.shape
     N = w1.shape[0]
     gated = w2 is not None
     w2 = w1 if w2 is None else w2  # an unused placeholder when not gated
     assert w1.shape == (N, K) and w2.shape == (N, K), "weights must be [N, K]"
+    assert residual is None or (not gated and tuple(residual.shape) == (M, N)
+                                and residual.dtype == a.dtype), \
+        f"residual must be [{M}, {N}] in {a.dtype}, on the plain GEMM"
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()  # the epilogue reads rows of unit-stride columns
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    res_arg, res_rs = (c, 0) if residual is None else (residual, residual.stride(0))
     if hopper is None:
         hopper = gated and config is None and tma is None and _gated_hopper_ok(a, w1, w2, c)
     if hopper:
@@ -532,27 +564,31 @@ def mlp_gemm(a, w1, w2=None, config=None, tma=None, hopper=None):
         (cfg.get("PERSISTENT") or M * N * K >= TMA_MIN_MACS) and _gpu_has_tma(a)
     row_major = use_tma and all(_row_major_ok(t) for t in (a, w1, w2, c))
     if row_major and cfg.get("PERSISTENT") and not gated:
-        _persistent(a, w1, c, cfg)
+        _persistent(a, w1, c, residual, cfg)
     elif row_major:
         from triton.tools.tensor_descriptor import TensorDescriptor
         mlp_gemm_tma_kernel[grid](
             TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(w1, [BN, BK]),
             TensorDescriptor.from_tensor(w2, [BN, BK]), TensorDescriptor.from_tensor(c, [BM, BN]),
-            M, N, K, BM, BN, BK, cfg["GROUP_M"], GATED=gated, OUT_DTYPE=_TL_DTYPES[a.dtype],
-            PRECISION=precision, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            res_arg, M, N, K, res_rs, BM, BN, BK, cfg["GROUP_M"], GATED=gated,
+            OUT_DTYPE=_TL_DTYPES[a.dtype], PRECISION=precision,
+            HAS_RESIDUAL=residual is not None, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"])
     else:
         mlp_gemm_ptr_kernel[grid](
-            a, w1, w2, c, M, N, K, a.stride(0), a.stride(1), *w1.stride(), *w2.stride(),
-            c.stride(0), c.stride(1), BM, BN, BK, cfg["GROUP_M"], GATED=gated,
-            EVEN_K=K % BK == 0, PRECISION=precision, num_warps=cfg["num_warps"],
+            a, w1, w2, c, res_arg, M, N, K, a.stride(0), a.stride(1), *w1.stride(),
+            *w2.stride(), c.stride(0), c.stride(1), res_rs, BM, BN, BK, cfg["GROUP_M"],
+            GATED=gated, EVEN_K=K % BK == 0, PRECISION=precision,
+            HAS_RESIDUAL=residual is not None, num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"])
     return c
 
 
-def fused_mlp(x, w_gate, w_up, w_down, gate_config=None, down_config=None, tma=None):
+def fused_mlp(x, w_gate, w_up, w_down, residual=None, gate_config=None, down_config=None,
+              tma=None):
     h = mlp_gemm(x, w_gate, w_up, config=gate_config, tma=tma)  # [M,F] = silu(gate) * up
-    return mlp_gemm(h, w_down, config=down_config, tma=tma)    # [M,D]
+    return mlp_gemm(h, w_down, residual=residual, config=down_config, tma=tma)  # [M,D]
 
 
-def kernel_fn(x, w_gate, w_up, w_down):
-    return fused_mlp(x, w_gate, w_up, w_down)
+def kernel_fn(x, w_gate, w_up, w_down, residual=None):
+    return fused_mlp(x, w_gate, w_up, w_down, residual)

@@ -69,6 +69,7 @@ PLANTED_CASES = {
     "qkv_rotary_flat_positions": ([], "FAIL", "wrong values at 2x8x48x3x3x32"),
     "residual_contiguous_only": ([], "FAIL", "bias=True residual=True"),
     "ln_bias_dropped": ([], "FAIL", "ln=True"),
+    "mlp_residual_dropped": ([], "FAIL", "residual=True"),
 }
 
 

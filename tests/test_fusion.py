@@ -1,6 +1,7 @@
-"""autokernel/fusion.py: the pass that folds a block's residual add into the matmul kernel's
-epilogue inside torch.compile. Graphs are traced with make_fx (aten ops, as inductor's post-grad
-pass sees them) and run before and after the pass on the CPU."""
+"""autokernel/fusion.py: the pass that folds a block's residual add into the matmul's (or
+fused_mlp's) epilogue, and its LayerNorm into the matmul, inside torch.compile. Graphs are
+traced with make_fx (aten ops, as inductor's post-grad pass sees them) and run before and after
+the pass on the CPU."""
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,26 @@ def test_the_residual_add_folds_into_the_matmul_and_the_outputs_stay():
     (call,) = [n for n in gm.graph.nodes if n.target == op]
     assert call.kwargs["residual"] is not None
     torch.testing.assert_close(gm(*args), want)
+
+
+def test_the_residual_add_after_an_mlp_folds_into_fused_mlp():
+    """x + mlp(h) with the fused_mlp kernel: the add goes into its down projection."""
+    op = matmul_op(ROOT / "kernels" / "fused_mlp.py")
+
+    def forward(x, h, w_gate, w_up, w_down):
+        return x + op(h.reshape(-1, 32), w_gate, w_up, w_down).view(2, 8, 32)
+    gen = torch.Generator().manual_seed(1)
+    args = (torch.randn(2, 8, 32, generator=gen), torch.randn(2, 8, 32, generator=gen),
+            *(torch.randn(s, generator=gen) / 6 for s in ((48, 32), (48, 32), (32, 48))))
+    gm = traced(forward, args)
+    want = gm(*args)
+    assert fusion.fold_residual_adds(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    assert adds(gm) == 0
+    (call,) = [n for n in gm.graph.nodes if n.target == op]
+    assert call.kwargs["residual"] is not None
+    torch.testing.assert_close(gm(*args), want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_kernel_file_without_residual_is_left_unfused_and_still_runs(tmp_path):

@@ -456,23 +456,28 @@ def test_fused_mlp_weight_layouts(tma):
     w_down = (torch.randn(D, F, generator=gen) * F ** -0.5).half()
     out = mlp.fused_mlp(x, w_gate, w_up, w_down, tma=tma)
     assert_matches(out, reference.fused_mlp(x, w_gate, w_up, w_down))
+    residual = torch.randn(M, D + 8, generator=gen).half()[:, :D]  # rows 8 apart more than D
+    out = mlp.fused_mlp(x, w_gate, w_up, w_down, residual, tma=tma)
+    assert_matches(out, reference.fused_mlp(x, w_gate, w_up, w_down, residual))
 
 
 def test_fused_mlp_persistent_path():
     """The down projection's persistent TMA GEMM (4 programs in the interpreter; the gated GEMM
     takes the one-tile TMA kernel): ragged M/N edges and a K tail, the C tile stored whole or
-    in two column halves."""
+    in two column halves, with and without a residual (a strided view) added."""
     mlp = load("fused_mlp")
     gen = torch.Generator().manual_seed(12)
     M, D, F = 70, 40, 72
     x = torch.randn(M, D, generator=gen).half()
     w_gate, w_up = ((torch.randn(F, D, generator=gen) * D ** -0.5).half() for _ in range(2))
     w_down = (torch.randn(D, F, generator=gen) * F ** -0.5).half()
-    for epi in (1, 2):
+    residual = torch.randn(M, D + 8, generator=gen).half()[:, :D]
+    for epi, res in ((1, None), (2, None), (2, residual)):
         cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2,
                    PERSISTENT=True, EPI_SPLIT=epi)
-        out = mlp.fused_mlp(x, w_gate, w_up, w_down, gate_config=cfg, down_config=cfg, tma=True)
-        assert_matches(out, reference.fused_mlp(x, w_gate, w_up, w_down))
+        out = mlp.fused_mlp(x, w_gate, w_up, w_down, res, gate_config=cfg, down_config=cfg,
+                            tma=True)
+        assert_matches(out, reference.fused_mlp(x, w_gate, w_up, w_down, res))
 
 
 def test_sharp_attention_scores_overflow_exp_whatever_the_scale():

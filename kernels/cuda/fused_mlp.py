@@ -1,7 +1,7 @@
 """
 Fused SwiGLU MLP, out = (silu(x w_gate^T) * (x w_up^T)) w_down^T, in CUDA C++. Starter kernel for
 AutoKernel (BACKEND = "cuda"). Shapes: x[M,D], w_gate/w_up[F,D], w_down[D,F] (nn.Linear weights)
--> out[M,D].
+-> out[M,D]; residual[M,D], when given, is added to out (a block's `x + mlp(norm(x))`).
 
 Two launches of one GEMM kernel family:
   1. GATED: each block computes the same tile of x w_gate^T and x w_up^T from one x tile (two
@@ -10,7 +10,9 @@ Two launches of one GEMM kernel family:
      rounding). Eager writes gate and up and reads them back for silu and the product: several
      extra passes over an [M,F] tensor that never happen here. h's rows are padded to a
      multiple of 8 elements, so the second GEMM reads 16-byte aligned rows whatever F is.
-  2. h @ w_down^T, the same kernel with one B operand.
+  2. h @ w_down^T, the same kernel with one B operand; then the residual, when there is one, in
+     a pass of its own (out += residual, each rounded to x's dtype: one rounding more than the
+     reference's, well inside the tolerance).
 Every B operand is an nn.Linear weight [N, K]: K-major, the layout both mma.sync and wgmma
 read without a transpose.
 
@@ -34,7 +36,8 @@ Three kernels, as in kernels/cuda/matmul.py (`path` overrides the choice):
     outputs a thread.
 
 Things to try: 256-wide gated tiles (4 accumulator sets need the registers of a third consumer
-warpgroup), fusing the down projection per row block.
+warpgroup), fusing the down projection per row block, the residual added in the down GEMM's
+epilogue (kernels/cuda/matmul.py's Epilogue) instead of its own pass.
 
 Usage:
   uv run bench.py --kernel kernels/cuda/fused_mlp.py     # on a GPU machine
@@ -731,29 +734,44 @@ static int gemm(const T* A, const T* W1, const T* W2, T* C, int M, int N, int K,
     return (int)cudaGetLastError();
 }
 
+// out[M, D] (contiguous) += R (rows ldr apart), in fp32, one thread an element.
 template <typename T>
-static int mlp(const void* x, const void* wg, const void* wu, const void* wd, void* h, void* out,
-               int M, int D, int F, const long long* s, long long ldh, int path,
-               cudaStream_t stream) {
+__global__ void add_residual(T* out, const T* R, long long ldr, int D, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f32<T>(to_f32(out[i]) + to_f32(R[i / D * ldr + i % D]));
+}
+
+template <typename T>
+static int mlp(const void* x, const void* wg, const void* wu, const void* wd, const void* R,
+               long long ldr, void* h, void* out, int M, int D, int F, const long long* s,
+               long long ldh, int path, cudaStream_t stream) {
     // s: strides of x (2), w_gate and w_up (2, shared), w_down (2); h and out are row-major.
     int err = gemm<T>((const T*)x, (const T*)wg, (const T*)wu, (T*)h, M, F, D, s[0], s[1], s[2],
                       s[3], ldh, path, stream);
     if (err) return err;
-    return gemm<T>((const T*)h, (const T*)wd, nullptr, (T*)out, M, D, F, ldh, 1, s[4], s[5], D,
-                   path, stream);
+    err = gemm<T>((const T*)h, (const T*)wd, nullptr, (T*)out, M, D, F, ldh, 1, s[4], s[5], D,
+                  path, stream);
+    if (err || R == nullptr) return err;
+    const long long n = (long long)M * D;
+    add_residual<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>((T*)out, (const T*)R, ldr,
+                                                                     D, n);
+    return (int)cudaGetLastError();
 }
 
-// h: [M, ldh] scratch (ldh >= F); out: [M, D] contiguous. path: 0 auto, 1 wgmma, 2 mma.sync,
-// 3 CUDA cores. dtype: 0 float32, 1 float16, 2 bfloat16 (cuda_build.DTYPE_CODES).
-extern "C" int fused_mlp(const void* x, const void* wg, const void* wu, const void* wd, void* h,
-                         void* out, int M, int D, int F, long long sxm, long long sxk,
-                         long long swn, long long swk, long long sdn, long long sdk,
-                         long long ldh, int dtype, int path, cudaStream_t stream) {
+// h: [M, ldh] scratch (ldh >= F); out: [M, D] contiguous; R: [M, D] rows ldr apart, or null.
+// path: 0 auto, 1 wgmma, 2 mma.sync, 3 CUDA cores. dtype: 0 float32, 1 float16, 2 bfloat16
+// (cuda_build.DTYPE_CODES).
+extern "C" int fused_mlp(const void* x, const void* wg, const void* wu, const void* wd,
+                         const void* R, long long ldr, void* h, void* out, int M, int D, int F,
+                         long long sxm, long long sxk, long long swn, long long swk,
+                         long long sdn, long long sdk, long long ldh, int dtype, int path,
+                         cudaStream_t stream) {
     const long long s[6] = {sxm, sxk, swn, swk, sdn, sdk};
     switch (dtype) {
-        case 0: return mlp<float>(x, wg, wu, wd, h, out, M, D, F, s, ldh, path, stream);
-        case 1: return mlp<__half>(x, wg, wu, wd, h, out, M, D, F, s, ldh, path, stream);
-        case 2: return mlp<__nv_bfloat16>(x, wg, wu, wd, h, out, M, D, F, s, ldh, path, stream);
+        case 0: return mlp<float>(x, wg, wu, wd, R, ldr, h, out, M, D, F, s, ldh, path, stream);
+        case 1: return mlp<__half>(x, wg, wu, wd, R, ldr, h, out, M, D, F, s, ldh, path, stream);
+        case 2: return mlp<__nv_bfloat16>(x, wg, wu, wd, R, ldr, h, out, M, D, F, s, ldh, path,
+                                          stream);
     }
     return (int)cudaErrorInvalidValue;
 }
@@ -762,8 +780,9 @@ extern "C" int fused_mlp(const void* x, const void* wg, const void* wu, const vo
 _lib = cuda_build.load(CUDA_SRC)
 
 
-def fused_mlp(x, w_gate, w_up, w_down, path="auto"):
-    """The SwiGLU MLP -> new out[M, D] in x's dtype. path: auto, wgmma, mma, simt."""
+def fused_mlp(x, w_gate, w_up, w_down, residual=None, path="auto"):
+    """The SwiGLU MLP (+ residual[M, D]) -> new out[M, D] in x's dtype. path: auto, wgmma, mma,
+    simt."""
     M, D = x.shape
     F = w_gate.shape[0]
     if w_up.stride() != w_gate.stride():
@@ -772,11 +791,16 @@ def fused_mlp(x, w_gate, w_up, w_down, path="auto"):
     ldh = (F + 7) // 8 * 8  # 16-byte aligned rows of h for the second GEMM
     h = torch.empty((M, ldh), dtype=x.dtype, device=x.device)
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
+    if residual is not None and (tuple(residual.shape) != (M, D) or residual.dtype != x.dtype):
+        raise ValueError(f"residual must be [{M}, {D}] in {x.dtype}, like out")
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()  # the pass reads rows of unit-stride columns
+    ldr = residual.stride(0) if residual is not None else 0
     if out.numel():
-        _lib.fused_mlp(x, w_gate, w_up, w_down, h, out, M, D, F, *x.stride(), *w_gate.stride(),
-                       *w_down.stride(), ldh, x.dtype, PATHS[path])
+        _lib.fused_mlp(x, w_gate, w_up, w_down, residual, ldr, h, out, M, D, F, *x.stride(),
+                       *w_gate.stride(), *w_down.stride(), ldh, x.dtype, PATHS[path])
     return out
 
 
-def kernel_fn(x, w_gate, w_up, w_down):
-    return fused_mlp(x, w_gate, w_up, w_down)
+def kernel_fn(x, w_gate, w_up, w_down, residual=None):
+    return fused_mlp(x, w_gate, w_up, w_down, residual)

@@ -1,5 +1,5 @@
 """Test kernel (verify.py's tests): SwiGLU MLP in two Triton kernels: h = silu(x Wg^T) * (x Wu^T),
-then h Wd^T (h is an fp32 intermediate)."""
+then h Wd^T (+ residual; h is an fp32 intermediate)."""
 import torch
 import triton
 import triton.language as tl
@@ -29,7 +29,8 @@ def _gate_up(x_ptr, g_ptr, u_ptr, h_ptr, M, F, D, BM: tl.constexpr, BF: tl.const
 
 
 @triton.jit
-def _down(h_ptr, w_ptr, y_ptr, M, D, F, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
+def _down(h_ptr, w_ptr, r_ptr, y_ptr, M, D, F, stride_r, BM: tl.constexpr, BD: tl.constexpr,
+          BK: tl.constexpr, HAS_R: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rd = tl.program_id(1) * BD + tl.arange(0, BD)
     rk = tl.arange(0, BK)
@@ -40,16 +41,23 @@ def _down(h_ptr, w_ptr, y_ptr, M, D, F, BM: tl.constexpr, BD: tl.constexpr, BK: 
         w = tl.load(w_ptr + rd[None, :] * F + (k + rk)[:, None],
                     mask=((k + rk)[:, None] < F) & (rd[None, :] < D), other=0.0)
         acc = tl.dot(h, w.to(tl.float32), acc)
-    tl.store(y_ptr + rm[:, None] * D + rd[None, :], acc, mask=(rm[:, None] < M) & (rd[None, :] < D))
+    mask = (rm[:, None] < M) & (rd[None, :] < D)
+    if HAS_R:
+        acc += tl.load(r_ptr + rm[:, None] * stride_r + rd[None, :], mask=mask).to(tl.float32)
+    tl.store(y_ptr + rm[:, None] * D + rd[None, :], acc, mask=mask)
 
 
-def kernel_fn(x, w_gate, w_up, w_down):
+def kernel_fn(x, w_gate, w_up, w_down, residual=None):
     M, D = x.shape
     F = w_gate.shape[0]
     h = torch.empty((M, F), device=x.device, dtype=torch.float32)
     _gate_up[(triton.cdiv(M, BLOCK), triton.cdiv(F, BLOCK))](x, w_gate, w_up, h, M, F, D,
                                                             BM=BLOCK, BF=BLOCK, BK=BLOCK)
     y = torch.empty((M, D), device=x.device, dtype=x.dtype)
-    _down[(triton.cdiv(M, BLOCK), triton.cdiv(D, BLOCK))](h, w_down, y, M, D, F,
-                                                         BM=BLOCK, BD=BLOCK, BK=BLOCK)
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    r = y if residual is None else residual
+    _down[(triton.cdiv(M, BLOCK), triton.cdiv(D, BLOCK))](h, w_down, r, y, M, D, F, r.stride(0),
+                                                         BM=BLOCK, BD=BLOCK, BK=BLOCK,
+                                                         HAS_R=residual is not None)
     return y
