@@ -191,23 +191,23 @@ def _adv_matmul(shape, dtype, device, gen, **options):
     # (torch's own fp32 matmul included), which would test luck, not kernels.
     rs = 2.0 ** torch.randint(-6, 1, (M, 1), device=device, generator=gen).float()
     cs = 2.0 ** torch.randint(-6, 1, (1, N), device=device, generator=gen).float()
-    wide = dict(inp, A=(inp["A"].float() * rs).to(dtype), B=(inp["B"].float() * cs).to(dtype))
-    if options.get("ln"):
-        # Under a norm only A's rows are scaled (the norm must undo it, eps and all). A norm's
-        # product rounds once on the way, as every pipeline does (eager: the norm's output in
-        # A's dtype), and that error follows a column's scale, not the output's RMS that atol
-        # follows: with B's columns scaled too, eager itself failed bf16 here (1 element of
-        # 8M on a CPU, 3 of 12M on the H100).
-        wide = dict(inp, A=(inp["A"].float() * rs).to(dtype))
-        # Rows whose mean is many times their spread (a residual stream's outlier rows): no
-        # variance as E[x^2] - E[x]^2 about zero, and a centring done after the products (x B -
-        # mean colsum(B)) must cancel exactly.
-        spread = 2.0 ** torch.randint(-3, 1, (M, 1), device=device, generator=gen).float()
-        offset = 4.0 * torch.randn((M, 1), device=device, generator=gen)
-        far = torch.randn((M, K), device=device, generator=gen) * spread + offset
-        return [("wide dynamic range", wide), ("rows far from zero", dict(inp, A=far.to(dtype)))]
-    ones = dict(inp, A=torch.ones((M, K), device=device, dtype=dtype))
-    return [("wide dynamic range", wide), ("all-ones A", ones)]
+    wide = dict(inp, A=(inp["A"].float() * rs).to(dtype))
+    # Under a norm only A's rows are scaled (the norm must undo it, eps and all). A norm's
+    # product rounds once on the way, as every pipeline does (eager: the norm's output in A's
+    # dtype), and that error follows a column's scale, not the output's RMS that atol follows:
+    # with B's columns scaled too, eager itself failed bf16 here (1 element of 8M on a CPU, 3 of
+    # 12M on the H100).
+    if not options.get("ln"):
+        wide["B"] = (inp["B"].float() * cs).to(dtype)
+        ones = dict(inp, A=torch.ones((M, K), device=device, dtype=dtype))
+        return [("wide dynamic range", wide), ("all-ones A", ones)]
+    # Rows whose mean is many times their spread (a residual stream's outlier rows): no variance
+    # as E[x^2] - E[x]^2 about zero, and a centring done after the products (x B - mean
+    # colsum(B)) must cancel exactly.
+    spread = 2.0 ** torch.randint(-3, 1, (M, 1), device=device, generator=gen).float()
+    offset = 4.0 * torch.randn((M, 1), device=device, generator=gen)
+    far = torch.randn((M, K), device=device, generator=gen) * spread + offset
+    return [("wide dynamic range", wide), ("rows far from zero", dict(inp, A=far.to(dtype)))]
 
 
 def _adv_softmax(shape, dtype, device, gen, **options):
