@@ -183,6 +183,8 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
     deadline = time.monotonic() + args.timeout
     kept_source, best = kept_version(args, facts, attrs, rows)
     kept, unpaired = None, None if kept_source or not best else "its source is not in git"
+    if args.quick:
+        unpaired = "--quick: never paired, never kept"
     try:
         startup_s = COMPILE_LIMIT_S if attrs.get("BACKEND") == "cuda" else STARTUP_LIMIT_S
         candidate = ChildRunner(facts["kernel"], deadline, args.timeout)
@@ -405,7 +407,8 @@ def measure(candidate, kept, plan, best=None, unpaired=None):
     row, when there is one; unpaired: why its version is not running beside the candidate."""
     windows = f"{timing.WINDOWS_PER_ROUND} window{'s' * (timing.WINDOWS_PER_ROUND > 1)}"
     print(f"timing: {timing.ROUNDS} rounds of {windows}, "
-          + ("paired with the kept version" if kept else "alone (no kept version to pair with)"),
+          + ("paired with the kept version" if kept
+             else f"alone ({unpaired or 'no kept version to pair with'})"),
           flush=True)
     try:
         rounds = timing.paired_rounds(candidate, kept, timing_case(candidate, kept, plan),

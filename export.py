@@ -59,7 +59,8 @@ def _export(argv):
     print(f"writing the package: {len(kernels)} kernel{'s' if len(kernels) != 1 else ''} ...")
     target = export.write_package(kernels, args.out, args.name, source)
     print(f"wrote {target} (how to use it: its README.md)")
-    print(f"check it: cd {target.parent} && python -m {args.name}.smoke_test")
+    print(f"check it: cd {target.parent} && uv run python -m {args.name}.smoke_test  "
+          "(elsewhere: any python with torch and triton)")
     return 0
 
 

@@ -385,7 +385,9 @@ def print_report(result, top):
     print(f"input:        {shapes}  {r['dtype']}  on {r['device_name']}")
     print(f"wall time:    {_us(r['wall_us'])} per forward ({r['iters']} iters after "
           f"{r['warmup']} warmup)")
-    print(f"{unit + ' time:':<14}{_us(r['total_op_us'])} per forward")
+    print(f"{unit + ' time:':<14}{_us(r['total_op_us'])} per forward"
+          + (" (the ops' times summed: nested and threaded ops overlap, so it can exceed the"
+             " wall time)" if r["device"] != "cuda" else ""))
     if r["gpu_busy_pct"] is None:
         print("gpu busy:     n/a (CPU run: the times below are CPU op times, they rank "
               "nothing a GPU would do)")

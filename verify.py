@@ -382,6 +382,10 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, backend
 
     steps = {"done": 0, "total": 3 + (len(kernels) if len(kernels) > 1 else 0),
              "start": time.monotonic()}
+    if not autokernel.CUDA:
+        print(f"timing {steps['total']}+ variants in the interpreter at the model's shapes: "
+              "minutes each, and the numbers mean nothing on a CPU (--no-timing: correctness "
+              "only)", flush=True)
 
     def progress(what, ms):
         steps["done"] += 1
