@@ -23,7 +23,7 @@ so the normalized rows never go through memory (the matmul kernel takes the stat
 its A tiles). Not where B is vocabulary-wide (N > LN_FOLD_MAX_N): the kernel's tile order for
 a norm reads B once per row block. Both run as inductor's post-grad custom pass (aten ops,
 functional, after dead code is gone), installed by a compiled swap around its compiles
-(Swap.installed).
+(Swap.installed); the pass then gives every kernel op its lowering (give_fallbacks).
 """
 import contextlib
 import hashlib
