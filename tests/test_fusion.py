@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 aten = torch.ops.aten
 
 
-def matmul_op(path):
+def compiled_op(path):
+    """The kernel file's custom op, as a compiled swap registers it."""
     return KernelOp(verify.load_kernel(path), compiled=True).op
 
 
@@ -39,9 +40,8 @@ def adds(gm):
     return sum(n.target == aten.add.Tensor for n in gm.graph.nodes)
 
 
-def test_the_residual_add_folds_into_the_matmul_and_the_outputs_stay():
-    op = matmul_op(ROOT / "kernels" / "matmul.py")
-    forward, args = block(op)
+def assert_add_folds_into(op, forward, args, **tolerance):
+    """forward's one add goes into op's residual, and the outputs stay."""
     gm = traced(forward, args)
     want = gm(*args)
     assert adds(gm) == 1
@@ -51,27 +51,24 @@ def test_the_residual_add_folds_into_the_matmul_and_the_outputs_stay():
     assert adds(gm) == 0
     (call,) = [n for n in gm.graph.nodes if n.target == op]
     assert call.kwargs["residual"] is not None
-    torch.testing.assert_close(gm(*args), want)
+    torch.testing.assert_close(gm(*args), want, **tolerance)
+
+
+def test_the_residual_add_folds_into_the_matmul_and_the_outputs_stay():
+    op = compiled_op(ROOT / "kernels" / "matmul.py")
+    assert_add_folds_into(op, *block(op))
 
 
 def test_the_residual_add_after_an_mlp_folds_into_fused_mlp():
     """x + mlp(h) with the fused_mlp kernel: the add goes into its down projection."""
-    op = matmul_op(ROOT / "kernels" / "fused_mlp.py")
+    op = compiled_op(ROOT / "kernels" / "fused_mlp.py")
 
     def forward(x, h, w_gate, w_up, w_down):
         return x + op(h.reshape(-1, 32), w_gate, w_up, w_down).view(2, 8, 32)
     gen = torch.Generator().manual_seed(1)
     args = (torch.randn(2, 8, 32, generator=gen), torch.randn(2, 8, 32, generator=gen),
             *(torch.randn(s, generator=gen) / 6 for s in ((48, 32), (48, 32), (32, 48))))
-    gm = traced(forward, args)
-    want = gm(*args)
-    assert fusion.fold_residual_adds(gm.graph) == 1
-    gm.graph.lint()
-    gm.recompile()
-    assert adds(gm) == 0
-    (call,) = [n for n in gm.graph.nodes if n.target == op]
-    assert call.kwargs["residual"] is not None
-    torch.testing.assert_close(gm(*args), want, rtol=1e-4, atol=1e-4)
+    assert_add_folds_into(op, forward, args, rtol=1e-4, atol=1e-4)
 
 
 def test_a_kernel_file_without_residual_is_left_unfused_and_still_runs(tmp_path):
@@ -79,7 +76,7 @@ def test_a_kernel_file_without_residual_is_left_unfused_and_still_runs(tmp_path)
     old.write_text('KERNEL_TYPE = "matmul"\n\n\n'
                    'def kernel_fn(A, B, bias=None, activation=None):\n'
                    '    return A @ B if bias is None else A @ B + bias\n')
-    forward, args = block(matmul_op(old))
+    forward, args = block(compiled_op(old))
     gm = traced(forward, args)
     assert fusion.fold_residual_adds(gm.graph) == 0
     x, h, W, b = args
@@ -88,13 +85,13 @@ def test_a_kernel_file_without_residual_is_left_unfused_and_still_runs(tmp_path)
 
 @pytest.mark.parametrize("x_shape", [(32,), (1, 8, 32)])
 def test_a_broadcast_residual_is_not_folded(x_shape):
-    forward, args = block(matmul_op(ROOT / "kernels" / "matmul.py"), x_shape)
+    forward, args = block(compiled_op(ROOT / "kernels" / "matmul.py"), x_shape)
     assert fusion.fold_residual_adds(traced(forward, args).graph) == 0
 
 
 @pytest.mark.parametrize("use", ["used twice", "added to itself"])
 def test_a_projection_used_again_is_not_folded(use):
-    op = matmul_op(ROOT / "kernels" / "matmul.py")
+    op = compiled_op(ROOT / "kernels" / "matmul.py")
     _, args = block(op)
 
     def forward(x, h, W, b):
@@ -106,7 +103,7 @@ def test_a_projection_used_again_is_not_folded(use):
 def test_a_residual_computed_after_the_projection_folds_in_a_valid_order():
     """x made after the matmul (a parallel block: proj(h) + other(h)): the fused call goes
     where the add was, after x."""
-    op = matmul_op(ROOT / "kernels" / "matmul.py")
+    op = compiled_op(ROOT / "kernels" / "matmul.py")
     _, args = block(op)
 
     def forward(x, h, W, b):
@@ -125,11 +122,11 @@ def test_the_pass_cache_key_changes_with_the_kernels_that_take_a_residual(tmp_pa
     file that no longer takes residual (same path, so the same op)."""
     path = tmp_path / "mm.py"
     path.write_text((ROOT / "kernels" / "matmul.py").read_text())
-    matmul_op(path)
+    compiled_op(path)
     with_residual = fusion.FusionPass().uuid()
     path.write_text('KERNEL_TYPE = "matmul"\n\n\ndef kernel_fn(A, B, bias=None, activation=None):'
                     '\n    return A @ B\n')
-    matmul_op(path)
+    compiled_op(path)
     assert fusion.FusionPass().uuid() != with_residual
     assert fusion.FusionPass(lambda graph: None).uuid() is None  # a pass with no key: no cache
 
@@ -223,7 +220,7 @@ def calls_of(gm, op):
 
 
 def test_a_layernorm_folds_into_the_projection_after_it_and_the_outputs_stay():
-    ln_op, mm_op = (matmul_op(ROOT / "kernels" / f"{t}.py") for t in ("layernorm", "matmul"))
+    ln_op, mm_op = (compiled_op(ROOT / "kernels" / f"{t}.py") for t in ("layernorm", "matmul"))
     forward, args = normed_projection(ln_op, mm_op)
     gm = traced(forward, args)
     want = gm(*args)
@@ -238,7 +235,7 @@ def test_a_layernorm_folds_into_the_projection_after_it_and_the_outputs_stay():
 
 def test_a_layernorm_is_not_folded_into_a_vocabulary_wide_projection_or_a_second_use(
         monkeypatch):
-    ln_op, mm_op = (matmul_op(ROOT / "kernels" / f"{t}.py") for t in ("layernorm", "matmul"))
+    ln_op, mm_op = (compiled_op(ROOT / "kernels" / f"{t}.py") for t in ("layernorm", "matmul"))
     monkeypatch.setattr(fusion, "LN_FOLD_MAX_N", 16)  # N = 32 counts as vocabulary-wide
     gm = traced(*normed_projection(ln_op, mm_op))
     assert fusion.fold_layernorms(gm.graph) == 0
@@ -262,6 +259,6 @@ def test_a_kernel_file_without_the_norm_is_left_unfused(tmp_path):
     old.write_text('KERNEL_TYPE = "matmul"\n\n\n'
                    'def kernel_fn(A, B, bias=None, activation=None, residual=None):\n'
                    '    return A @ B if bias is None else A @ B + bias\n')
-    ln_op = matmul_op(ROOT / "kernels" / "layernorm.py")
-    gm = traced(*normed_projection(ln_op, matmul_op(old)))
+    ln_op = compiled_op(ROOT / "kernels" / "layernorm.py")
+    gm = traced(*normed_projection(ln_op, compiled_op(old)))
     assert fusion.fold_layernorms(gm.graph) == 0
