@@ -53,12 +53,12 @@ def _arguments(node):
     return [(a.name, v) for a, v in zip(schema, values)]
 
 
-def _takes_residual(op):
-    """Whether op is a kernel op whose type has a residual (matmul, fused_mlp) and whose
-    kernel file takes it."""
+def _takes(op, arg):
+    """Whether op is a kernel op whose type has the argument (residual: matmul and fused_mlp;
+    ln_eps: matmul) and whose kernel file takes it (files written before it do not)."""
     ktype = ops.kernel_type_of(op)
-    return ktype is not None and "residual" in autokernel.KERNEL_TYPES[ktype].args \
-        and ops.accepts(op, "residual")
+    return ktype is not None and arg in autokernel.KERNEL_TYPES[ktype].args \
+        and ops.accepts(op, arg)
 
 
 def _projection(operand, out):
@@ -70,7 +70,7 @@ def _projection(operand, out):
         views.append(node)
         node = node.args[0]
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and _takes_residual(node.target) and len(node.users) == 1
+            and _takes(node.target, "residual") and len(node.users) == 1
             and dict(_arguments(node)).get("residual") is None):
         return None
     val = operand.meta.get("val")
@@ -145,8 +145,7 @@ def _normed_projection(ln):
     if len(node.users) != 1:
         return None
     mm = next(iter(node.users))
-    if not (mm.op == "call_function" and ops.kernel_type_of(mm.target) == "matmul"
-            and ops.accepts(mm.target, "ln_eps")):
+    if not (mm.op == "call_function" and _takes(mm.target, "ln_eps")):
         return None
     args, norm = dict(_arguments(mm)), dict(_arguments(ln))
     out, x, rows = (n.meta.get("val") if isinstance(n, torch.fx.Node) else None
