@@ -75,13 +75,16 @@ tolerance, at several times the speed of plain fp32 FMA math. Plain tf32 (~1e-3)
 
 Deterministic: no atomics, no split-K; each C element is summed by one program in a fixed order.
 Tried and slower: the cooperative tile's C kept in registers and stored under the next tile's
-first products (as the CUDA starter does): 0.88x cuBLAS against 1.01x at 8192x2304x768.
+first products (as the CUDA starter does): 0.88x cuBLAS against 1.01x at 8192x2304x768; again,
+bit-identical and 1-9% slower at every GPT-2 GEMM and at 4096^3 (BENCHMARKS.md section 30; no
+spills, no wgmma serialization reported by ptxas; the cause not found).
 Things to try: the Hopper kernel's schedule per shape (pick_hopper_config), split-K where the
 tiles leave the last wave of SMs half empty (N = 768: 192 or 384 tiles on 132 SMs; stream-K lost
 in the CUDA starter, BENCHMARKS.md section 27), 128-row ping-pong tiles, split-K for tiny M.
 GELU costs 5-10 us at GPT-2's 8192x3072x768 in every schedule (section 28: cooperative 128x256
 65.0 us without it, 77.3 with, before its arithmetic was trimmed by ~2 us): computed under the
-next tile's products it would be the largest lever left at GPT-2. The LayerNorm's statistics
+next tile's products it would be the largest lever left at GPT-2, once a deferred epilogue is
+made to run as fast as a plain one here (see above). The LayerNorm's statistics
 taken by every tile instead of once a run cost 60% more (c_attn 81.8 us; section 28).
 """
 import functools
