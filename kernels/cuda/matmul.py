@@ -9,28 +9,29 @@ starter folds the norm into its GEMM).
 
 Three kernels, picked per call (`path` overrides it, for tuning and checks):
 
-  * Hopper (sm_90a), fp16/bf16, 16-byte aligned rows: warp-specialized TMA + wgmma, persistent (one
-    block of three warpgroups per SM, walking 128x256 tiles of C: the producer loads the next tile's
-    first stages while the consumers store this one). Warpgroup 0 is the producer: one thread issues
-    TMA copies of the next 128x64 tile of A and 64x256 tile of B into a 4-stage ring of shared
-    memory, each stage guarded by two mbarriers ("full": the copy engine counts the bytes in;
-    "empty": the consumers are done with it). Warpgroups 1 and 2 are the consumers: each owns 64
-    rows of the tile and issues wgmma.m64n256k16 (asynchronous warpgroup MMAs that read both
-    operands straight from shared memory) into 128 fp32 accumulator registers, keeping one k-tile of
-    MMAs in flight while it releases the stage before (its four warps meet at a named barrier before
-    each k-tile and once more before the one arrive that releases a stage). The producer gives
-    registers to the consumers (setmaxnreg: 40 for it, 232 for them). TMA writes the tiles in the
-    128-byte swizzled layout wgmma reads (K-major A; B either N-major, [K,N] rows, read with wgmma's
-    transpose bit, or K-major, the [N,K] rows of an nn.Linear weight), and fills out-of-range rows
-    and columns with zeros, so no tail needs a mask until the epilogue. The epilogue adds the bias
-    and the residual in fp32 and rounds to C's dtype into half the registers; the next tile's MMAs
-    then start at once, and under each of its first four k-tiles one 64x64 slice of the rounded tile
-    goes to shared memory (stmatrix, in the same 128-byte swizzle: no bank conflicts), from where
-    one thread stores it with TMA (whole 128-byte rows, rows and columns past C clipped). Two slice
-    buffers per consumer: a slice's store has a k-tile's time to read its buffer before the buffer
-    is written again. (C rows not 16-byte aligned: 4-byte stores from the registers, not deferred.)
-    Tiles are visited in groups of 16 tile rows, column by column, so the blocks in flight share A
-    and B in L2.
+  * Hopper (sm_90a), fp16/bf16, 16-byte aligned rows: warp-specialized TMA + wgmma, persistent
+    (one block of three warpgroups per SM, walking 128x256 tiles of C: the producer loads the
+    next tile's first stages while the consumers store this one). Warpgroup 0 is the producer:
+    one thread issues TMA copies of the next 128x64 tile of A and 64x256 tile of B into a
+    4-stage ring of shared memory, each stage guarded by two mbarriers ("full": the copy engine
+    counts the bytes in; "empty": the consumers are done with it). Warpgroups 1 and 2 are the
+    consumers: each owns 64 rows of the tile and issues wgmma.m64n256k16 (asynchronous
+    warpgroup MMAs that read both operands straight from shared memory) into 128 fp32
+    accumulator registers, keeping one k-tile of MMAs in flight while it releases the stage
+    before (its four warps meet at a named barrier before each k-tile, and once more before the
+    one arrive that releases a stage). The producer gives registers to the consumers
+    (setmaxnreg: 40 for it, 232 for them). TMA writes the tiles in the 128-byte swizzled layout
+    wgmma reads (K-major A; B either N-major, [K,N] rows, read with wgmma's transpose bit, or
+    K-major, the [N,K] rows of an nn.Linear weight), and fills out-of-range rows and columns
+    with zeros, so no tail needs a mask until the epilogue. The epilogue adds the bias and the
+    residual in fp32 and rounds to C's dtype into half the registers; the next tile's MMAs then
+    start at once, and under each of its first four k-tiles one 64x64 slice of the rounded tile
+    goes to shared memory (stmatrix, in the same 128-byte swizzle: no bank conflicts), from
+    where one thread stores it with TMA (whole 128-byte rows, rows and columns past C clipped).
+    Two slice buffers per consumer: a slice's store has a k-tile's time to read its buffer
+    before the buffer is written again. (C rows not 16-byte aligned: 4-byte stores from the
+    registers, not deferred.) Tiles are visited in groups of 16 tile rows, column by column, so
+    the blocks in flight share A and B in L2.
   * sm_80 and newer, fp16/bf16, aligned: mma.sync.m16n8k16 on 128x128x64 tiles, 8 warps (64x32
     of C each), a 3-stage cp.async pipeline (global -> shared without registers) and ldmatrix
     fragment loads from XOR-swizzled shared memory (16-byte chunk c of row r stored at c ^ (r %
