@@ -64,7 +64,10 @@ each row's mean and 1/std come from the A tiles already on chip (moments about t
 tile's mean, so rows whose mean is many times their spread do not cancel). The Gluon kernel
 takes them from its A boxes in shared memory while the tensor cores multiply, once per run of
 tiles: with a norm each CTA walks runs of consecutive tiles of one row block (_gl_runs), so a
-row block's statistics serve its whole run. Measured on an H100 (bf16, GPU time, BENCHMARKS.md
+row block's statistics serve its whole run; in ping-pong tiles, where both warpgroups take the
+same 64 rows of a run, the one with the run's first tile takes them and leaves them in shared
+memory for the other (H100, GELU: GPT-2's c_fc, bf16, 76.6 -> 75.7 us; 1024^3 fp16 32.3 -> 29.3;
+BENCHMARKS.md section 30). Measured on an H100 (bf16, GPU time, BENCHMARKS.md
 section 28): GPT-2's c_attn 55.5 us against 60.9 for the layernorm starter + this kernel, c_fc
 with GELU 83.1 against 88.6. Not for vocabulary-wide B: runs of one row block read all of B per
 row block (the fusion pass leaves those norms alone).
@@ -408,6 +411,9 @@ def _gl_bias_row(bias_ptr, off_n, N, BLOCK_N: gl.constexpr, acc_layout: gl.const
 _STATS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 _STATS3 = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 8, 1], [4, 1, 1], [2, 1, 0]))
 _PARTIALS = gl.constexpr(gl.SliceLayout(2, _STATS3))  # [64, 8]: a row's sums, by thread
+# Where one ping-pong warpgroup leaves a run's row statistics for the other: [slot * 2 + (0:
+# means, 1: 1/stds), 64 rows], two slots used by alternate runs.
+_STATS_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.jit
@@ -467,8 +473,8 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
                      HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
                      HAS_RESIDUAL: gl.constexpr, HAS_LN: gl.constexpr):
     a_desc, b_desc, c_desc, r_desc = descs
-    ready, empty, turn, res_ready = bars
-    a_smem, b_smem, c_smem = bufs
+    ready, empty, turn, res_ready, stats_ready = bars
+    a_smem, b_smem, c_smem, stats = bufs
     BLOCK_M: gl.constexpr = 128 if COOP else 64
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -509,7 +515,11 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
             # 256-wide bias row held through the loop: 5% slower at 8192x3072x768).
             bias = _gl_bias_row(bias_ptr, off_n, N, BLOCK_N, acc_layout)
         if HAS_LN:
-            fresh = pid_m != last_m  # a run's first tile: this row block's statistics
+            fresh = pid_m != last_m  # our first tile of a run: this row block's statistics
+            # Ping-pong: both warpgroups' tiles of a run are the same 64 rows. The one with the
+            # run's first tile takes their statistics and leaves them in `stats` for the other.
+            lead = COOP or tile % L == 0
+            run = tile // L
             if COOP:  # loaded early, like the bias
                 colsum = _gl_bias_row(colsum_ptr, off_n, N, BLOCK_N, acc_layout)
             shift = gl.zeros([64], gl.float32, gl.SliceLayout(1, _STATS_LAYOUT))
@@ -534,7 +544,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
                 b = b_smem.index(s)
             acc = warpgroup_mma(a, b, acc, is_async=True)
             if HAS_LN:  # while the tensor cores multiply: our rows' statistics, once a run
-                if fresh:
+                if fresh and lead:
                     shift, s1, s2 = _gl_row_moments(a, k, K, shift, s1, s2, BLOCK_K)
             if HAS_RESIDUAL:
                 # This tile's residual into c_buf by TMA while the products run: halfway, when
@@ -556,7 +566,18 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
         mbarrier.arrive(empty.index(prev), count=1)
         if HAS_LN:
             if fresh:
-                mean_r, rstd_r = _gl_row_stats(shift, s1, s2, ln_eps, K, acc_layout)
+                if lead:
+                    mean_r, rstd_r = _gl_row_stats(shift, s1, s2, ln_eps, K, acc_layout)
+                    if not COOP:
+                        if L > 1:  # the other warpgroup's tiles of the run read them
+                            stats.index(run % 2 * 2).store(mean_r)
+                            stats.index(run % 2 * 2 + 1).store(rstd_r)
+                            mbarrier.arrive(stats_ready.index(run % 2), count=1)
+                else:  # written in the run's first tile's epilogue, under our products
+                    mbarrier.wait(stats_ready.index(run % 2), (run // 2) & 1)
+                    rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+                    mean_r = stats.index(run % 2 * 2).load(rows)
+                    rstd_r = stats.index(run % 2 * 2 + 1).load(rows)
                 last_m = pid_m
             if not COOP:
                 colsum = _gl_bias_row(colsum_ptr, off_n, N, BLOCK_N, acc_layout)
@@ -611,8 +632,8 @@ def _hopper_producer(descs, bars, bufs, bias_ptr, colsum_ptr, ln_eps, M, N, K, N
     """One warp: the A and B tiles of every k step of the CTA's tiles, in the consumers' order.
     A arrives as 64-row boxes (two per stage in cooperative tiles, one per warpgroup)."""
     a_desc, b_desc, c_desc, r_desc = descs
-    ready, empty, turn, res_ready = bars
-    a_smem, b_smem, c_smem = bufs
+    ready, empty, turn, res_ready, stats_ready = bars
+    a_smem, b_smem, c_smem, stats = bufs
     BLOCK_M: gl.constexpr = 128 if COOP else 64
     A_BOXES: gl.constexpr = 2 if COOP else 1
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -664,15 +685,19 @@ def matmul_hopper_kernel(a_desc, b_desc, c_desc, r_desc, bias_ptr, colsum_ptr, l
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     res_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    stats_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    stats = gl.allocate_shared_memory(gl.float32, [4 if HAS_LN and not COOP else 1, 64],
+                                      _STATS_SMEM)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=A_BOXES)  # cooperative: both warpgroups read it
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
         mbarrier.init(res_ready.index(i), count=1)
+        mbarrier.init(stats_ready.index(i), count=1)
     descs = (a_desc, b_desc, c_desc, r_desc)
-    bars = (ready, empty, turn, res_ready)
-    bufs = (a_smem, b_smem, c_smem)
+    bars = (ready, empty, turn, res_ready, stats_ready)
+    bufs = (a_smem, b_smem, c_smem, stats)
     # The default partition (the kernel's 4 warps) is warpgroup 0; the workers get 4 warps
     # (warpgroup 1: a 64 x 256 fp32 accumulator is 128 registers a thread) and 1 warp. The
     # argument tuples are written out in the call: a tuple assigned to a name would turn its
