@@ -520,6 +520,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
             # run's first tile takes their statistics and leaves them in `stats` for the other.
             lead = COOP or tile % L == 0
             run = tile // L
+            slot = run % 2  # of `stats` and `stats_ready`: alternate runs take turns
             if COOP:  # loaded early, like the bias
                 colsum = _gl_bias_row(colsum_ptr, off_n, N, BLOCK_N, acc_layout)
             shift = gl.zeros([64], gl.float32, gl.SliceLayout(1, _STATS_LAYOUT))
@@ -570,14 +571,14 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
                     mean_r, rstd_r = _gl_row_stats(shift, s1, s2, ln_eps, K, acc_layout)
                     if not COOP:
                         if L > 1:  # the other warpgroup's tiles of the run read them
-                            stats.index(run % 2 * 2).store(mean_r)
-                            stats.index(run % 2 * 2 + 1).store(rstd_r)
-                            mbarrier.arrive(stats_ready.index(run % 2), count=1)
+                            stats.index(2 * slot).store(mean_r)
+                            stats.index(2 * slot + 1).store(rstd_r)
+                            mbarrier.arrive(stats_ready.index(slot), count=1)
                 else:  # written in the run's first tile's epilogue, under our products
-                    mbarrier.wait(stats_ready.index(run % 2), (run // 2) & 1)
+                    mbarrier.wait(stats_ready.index(slot), (run // 2) & 1)
                     rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
-                    mean_r = stats.index(run % 2 * 2).load(rows)
-                    rstd_r = stats.index(run % 2 * 2 + 1).load(rows)
+                    mean_r = stats.index(2 * slot).load(rows)
+                    rstd_r = stats.index(2 * slot + 1).load(rows)
                 last_m = pid_m
             if not COOP:
                 colsum = _gl_bias_row(colsum_ptr, off_n, N, BLOCK_N, acc_layout)
