@@ -16,7 +16,9 @@ workspace/profile.json are reused. Kernels come from
 workspace/plan.json (extract.py's list; each file holds that kernel's best kept version), from
 --kernels FILE[,FILE], or from --starters (every kernels/*.py, or kernels/cuda/*.py with --backend
 cuda; a starter that finds nothing to replace in this model is listed as "unused", not as a
-replacement and not as a failure). CUDA C++ kernel files need a GPU.
+replacement and not as a failure: those whose kernel type has no call site at all, found by one
+forward with every type's reference plugged in, are neither re-gated nor imported). CUDA C++
+kernel files need a GPU.
 Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
 bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
 a kept row of results.tsv (the report names which: experiment, commit, latency; it warns when a
@@ -126,7 +128,7 @@ from autokernel.contract import (KernelFileError, check_module, is_cuda_kernel, 
 from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
                                  forward, interleaved, model_dtype, sync, time_forward)
 from autokernel.results import read_rows, rel
-from autokernel.swap import Kernel, KernelFailure, Swap, WeightCache
+from autokernel.swap import Kernel, KernelFailure, Swap, WeightCache, pluggable_types
 from autokernel.workspace import plan_kernels, read_plan, recorded_model_args, write_json
 from models.load import MODEL_FLAGS, ModelError, add_model_args, check_model_args, load_model
 
@@ -154,9 +156,10 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False):
     return Kernel(name, declared, path, module.kernel_fn, [tuple(s) for s in shapes], optional)
 
 
-def select_kernels(args):
-    """Kernels from --kernels, --starters or workspace/plan.json (in that order of precedence),
-    each re-gated first unless --no-regate. -> (kernels, {file: re-gate result})."""
+def kernel_specs(args):
+    """The kernel files to plug in, from --kernels, --starters or workspace/plan.json (in that
+    order of precedence), none imported yet. -> ([(path, name, kernel_type, shapes, optional)],
+    results.tsv's rows for the plan's kept-version check, or None)."""
     rows = None
     if args.kernels:
         specs = [(p.strip(), None, None, None, False) for p in args.kernels.split(",")
@@ -176,6 +179,14 @@ def select_kernels(args):
         raise UsageError("no kernels to verify")
     specs = [(kernel_path(spec[0]),) + spec[1:] for spec in specs]
     refuse_cuda_without_gpu([spec[0] for spec in specs])
+    return specs, rows
+
+
+def select_kernels(args, specs=None, rows=None):
+    """kernel_specs' files (or those given), each re-gated first unless --no-regate, then
+    imported. -> (kernels, {file: re-gate result})."""
+    if specs is None:
+        specs, rows = kernel_specs(args)
     checked = {}
     if not args.no_regate:
         checked = regate.check_all([(s[0], s[1] or tag_of(read_file_attrs(s[0])[0]))
@@ -188,6 +199,30 @@ def select_kernels(args):
         if seen[k.name] > 1:
             k.name = f"{k.name}#{seen[k.name]}"
     return kernels, checked
+
+
+def starters_without_call_sites(specs, model, inputs):
+    """--starters: the starters whose kernel type has no call site in this model (found by one
+    forward with every type's reference plugged in: swap.pluggable_types), read from their text.
+    They are neither re-gated nor imported: a re-gate costs a minute or so on a GPU, and GPT-2
+    uses 3 of the 14. -> (the specs to plug in, [(path, name, type)] left out)."""
+    plugged = pluggable_types(model, lambda m: forward(m, inputs))
+    kept, idle = [], []
+    for spec in specs:
+        attrs = read_file_attrs(spec[0])[0]
+        if attrs.get("KERNEL_TYPE") in plugged:
+            kept.append(spec)
+        else:
+            idle.append((spec[0], tag_of(attrs), attrs.get("KERNEL_TYPE")))
+    return kept, idle
+
+
+def unused_entry(path, name, kernel_type):
+    """The report's entry for a starter left out by starters_without_call_sites."""
+    return {"name": name, "kernel_type": kernel_type, "file": rel(path), "calls": 0,
+            "shapes": [], "fallbacks": {}, "skipped": {}, "notes": [], "status": "unused",
+            "error": None, "alone": None, "alone_ms": None, "gain_ms": None, "share": None,
+            "compile_alone_ms": None, "compile_gain_ms": None, "compile_alone_note": None}
 
 
 def refuse_cuda_without_gpu(paths):
@@ -775,16 +810,26 @@ def _verify(argv):
     if args.cuda_graphs and not autokernel.CUDA:
         raise UsageError("--cuda-graphs needs a CUDA GPU: drop it on this machine")
     check_model_args(args)  # a typo in the model flags: before minutes of re-gating
-    kernels, checked = select_kernels(args)
-    refused = {f: c for f, c in checked.items() if not c["passed"]}
-    if not kernels:
-        first = next(iter(refused.values()))
-        raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
+    specs, rows = kernel_specs(args)
     if reuse_profile_flags(args):
         given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
                          if getattr(args, f, None) is not None)
         print(f"model flags from {autokernel.PROFILE_JSON}: {given or 'none (the defaults)'}")
-    model, inputs, description = load_model(args)
+    model, inputs, description = load_model(args)  # before re-gating: --starters needs it
+    idle = []
+    if args.starters:
+        specs, idle = starters_without_call_sites(specs, model, inputs)
+        if idle:
+            print(f"{len(idle)} of {len(specs) + len(idle)} starters have no call site in this "
+                  f"model ({', '.join(t for _, _, t in idle)}): not re-gated, not run")
+        if not specs:
+            raise UsageError("no starter's kernel type has a call site in this model: nothing "
+                             "to plug in (profile.py shows what the model computes)")
+    kernels, checked = select_kernels(args, specs, rows)
+    refused = {f: c for f, c in checked.items() if not c["passed"]}
+    if not kernels:
+        first = next(iter(refused.values()))
+        raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
     backend = "none" if args.no_compile else args.compile_backend
     try:
         report = verify(model, inputs, kernels, diagnose=args.diagnose,
@@ -794,6 +839,8 @@ def _verify(argv):
                         compile_alone=args.compile_alone, paired_rounds=args.paired_rounds)
     except GraphCaptureError as e:
         raise UsageError(str(e), code=1) from None
+    report["kernels"] = sorted(report["kernels"] + [unused_entry(*i) for i in idle],
+                               key=lambda e: e["file"])
     report["regate"] = checked
     for path, c in refused.items():
         report["failures"].append(f"{rel(path)} left out: it failed its re-gate "

@@ -81,9 +81,15 @@ Tried and slower: the cooperative tile's C kept in registers and stored under th
 first products (as the CUDA starter does): 0.88x cuBLAS against 1.01x at 8192x2304x768; again,
 bit-identical and 1-9% slower at every GPT-2 GEMM and at 4096^3 (BENCHMARKS.md section 30; no
 spills, no wgmma serialization reported by ptxas; the cause not found).
+Tall ping-pong tiles (BLOCK_M=128 with COOP=False: each warpgroup a whole 128x128 tile, two
+m64 products a k-step; H100, bf16, BENCHMARKS.md section 31): GPT-2's c_fc with GELU 70.4 us
+against 73.1 for the shipped 64x256 ping-pong, but with the LayerNorm folded in 80.3 against
+76.1 (the 128-row statistics spill registers); slower at every other GPT-2 GEMM (lm_head
+1,060 against 976) and at 4096^3 (219 against 209).
 Things to try: the Hopper kernel's schedule per shape (pick_hopper_config), split-K where the
 tiles leave the last wave of SMs half empty (N = 768: 192 or 384 tiles on 132 SMs; stream-K lost
-in the CUDA starter, BENCHMARKS.md section 27), 128-row ping-pong tiles, split-K for tiny M.
+in the CUDA starter, BENCHMARKS.md section 27), tall ping-pong tiles for an activation without
+a norm once their statistics fit the registers, split-K for tiny M.
 GELU costs 5-10 us at GPT-2's 8192x3072x768 in every schedule (section 28: cooperative 128x256
 65.0 us without it, 77.3 with, before its arithmetic was trimmed by ~2 us): computed under the
 next tile's products it would be the largest lever left at GPT-2, once a deferred epilogue is
@@ -358,9 +364,12 @@ def matmul_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, res_ptr, M, N, K,
 # issue wgmma products and run the epilogue. Two schedules (COOP):
 #   * cooperative: 128 x BLOCK_N tiles, warpgroup w computes rows 64w..64w+63 of every tile,
 #     both reading the same B buffer (a stage is free once both are done with it);
-#   * ping-pong: 64 x BLOCK_N tiles, the warpgroups take alternate tiles and take turns at the
-#     tensor cores ("turn" barriers), so one's epilogue (bias, activation, cast, C store) runs
-#     while the other's products do. At small K the epilogue is a large share of a tile.
+#   * ping-pong: 64 x BLOCK_N or 128 x BLOCK_N tiles, the warpgroups take alternate tiles and
+#     take turns at the tensor cores ("turn" barriers), so one's epilogue (bias, activation,
+#     cast, C store) runs while the other's products do. At small K the epilogue is a large
+#     share of a tile.
+# A warpgroup's rows of a tile (WG_M: 64, or 128 in tall ping-pong tiles) are A's TMA box rows,
+# read from the descriptor's block shape.
 # The producer runs ahead into the next tile while the consumers finish this one.
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -404,32 +413,32 @@ def _gl_bias_row(bias_ptr, off_n, N, BLOCK_N: gl.constexpr, acc_layout: gl.const
     return gl.load(bias_ptr + cols, mask=cols < N, other=0.0)
 
 
-# The layouts a consumer reads its 64 x 64 A box in for the row statistics: 16-byte vectors
+# The layouts a consumer reads its WG_M x 64 A box in for the row statistics: 16-byte vectors
 # (8 halves: one swizzle chunk, so the 8 threads of a row hit 8 different bank groups), 8
-# threads a row, 16 rows per pass of 4 warps; and the same as [64, 8, 8], so that each thread
+# threads a row, 16 rows per pass of 4 warps; and the same as [WG_M, 8, 8], so that each thread
 # first sums its own 8 (no shuffles in the loop: the 8 partial sums of a row meet at the end).
 _STATS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 _STATS3 = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 8, 1], [4, 1, 1], [2, 1, 0]))
-_PARTIALS = gl.constexpr(gl.SliceLayout(2, _STATS3))  # [64, 8]: a row's sums, by thread
+_PARTIALS = gl.constexpr(gl.SliceLayout(2, _STATS3))  # [WG_M, 8]: a row's sums, by thread
 # Where one ping-pong warpgroup leaves a run's row statistics for the other: [slot * 2 + (0:
-# means, 1: 1/stds), 64 rows], two slots used by alternate runs.
+# means, 1: 1/stds), WG_M rows], two slots used by alternate runs.
 _STATS_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.jit
 def _gl_row_moments(a, k, K, shift, s1, s2, BLOCK_K: gl.constexpr):
-    """Adds k-step k's A box (64 rows, in shared memory) to its rows' moments about `shift`:
+    """Adds k-step k's A box (in shared memory) to its rows' moments about `shift`:
     partial sums of d and d^2, d = x - shift, shift being each row's mean over the first box.
     The shift keeps the variance (s2/K - (s1/K)^2) from cancelling in rows whose mean is many
     times their spread. Columns past K (TMA's zeros) are left out."""
-    x = a.load(_STATS_LAYOUT).to(gl.float32)
+    x = a.load(_STATS_LAYOUT).to(gl.float32)  # [WG_M, BLOCK_K]
     if k == 0:
         shift = gl.sum(x, axis=1) / gl.minimum(K, BLOCK_K)
     d = x - shift[:, None]
     if (k + 1) * BLOCK_K > K:  # the last box runs past K
         cols = k * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, _STATS_LAYOUT))
         d = gl.where((cols < K)[None, :], d, 0.0)
-    d = gl.convert_layout(gl.reshape(d, [64, BLOCK_K // 8, 8]), _STATS3)
+    d = gl.convert_layout(gl.reshape(d, [a.shape[0], BLOCK_K // 8, 8]), _STATS3)
     return shift, s1 + gl.sum(d, axis=2), s2 + gl.sum(d * d, axis=2)
 
 
@@ -475,7 +484,8 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
     a_desc, b_desc, c_desc, r_desc = descs
     ready, empty, turn, res_ready, stats_ready = bars
     a_smem, b_smem, c_smem, stats = bufs
-    BLOCK_M: gl.constexpr = 128 if COOP else 64
+    WG_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = 2 * WG_M if COOP else WG_M
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -486,7 +496,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
     # take ring places j * k_steps onwards. Cooperative: every tile, our 64 rows of it.
     # Ping-pong: tiles j = wg, wg + 2, ..., all of their rows.
     if COOP:
-        first, step, j, j_step, row = gl.program_id(0), NUM_PROGRAMS, 0, 1, 64 * wg
+        first, step, j, j_step, row = gl.program_id(0), NUM_PROGRAMS, 0, 1, WG_M * wg
     else:
         first, step, j, j_step, row = gl.program_id(0) + wg * NUM_PROGRAMS, 2 * NUM_PROGRAMS, \
             wg, 2, 0
@@ -497,8 +507,8 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
             first, step = 0, 1
         else:
             first, step = wg, 2
-        mean_r = gl.zeros([64], gl.float32, gl.SliceLayout(1, acc_layout))
-        rstd_r = gl.zeros([64], gl.float32, gl.SliceLayout(1, acc_layout))
+        mean_r = gl.zeros([WG_M], gl.float32, gl.SliceLayout(1, acc_layout))
+        rstd_r = gl.zeros([WG_M], gl.float32, gl.SliceLayout(1, acc_layout))
         last_m = -1
     for tile in range(first, end, step):
         if HAS_LN:
@@ -508,7 +518,7 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
         off_m = pid_m * BLOCK_M + row
         off_n = pid_n * BLOCK_N
         count = j * k_steps
-        acc = gl.zeros([64, BLOCK_N], gl.float32, acc_layout)
+        acc = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
         if HAS_BIAS and COOP:
             # Loaded now, so the load's latency hides behind the products: 1.5-3% faster at
             # GPT-2's 8192x2304x768 and 8192x768x3072 (H100). Not in ping-pong tiles (a
@@ -516,16 +526,16 @@ def _hopper_consumer(wg: gl.constexpr, descs, bars, bufs, bias_ptr, colsum_ptr, 
             bias = _gl_bias_row(bias_ptr, off_n, N, BLOCK_N, acc_layout)
         if HAS_LN:
             fresh = pid_m != last_m  # our first tile of a run: this row block's statistics
-            # Ping-pong: both warpgroups' tiles of a run are the same 64 rows. The one with the
+            # Ping-pong: both warpgroups' tiles of a run are the same rows. The one with the
             # run's first tile takes their statistics and leaves them in `stats` for the other.
             lead = COOP or tile % L == 0
             run = tile // L
             slot = run % 2  # of `stats` and `stats_ready`: alternate runs take turns
             if COOP:  # loaded early, like the bias
                 colsum = _gl_bias_row(colsum_ptr, off_n, N, BLOCK_N, acc_layout)
-            shift = gl.zeros([64], gl.float32, gl.SliceLayout(1, _STATS_LAYOUT))
-            s1 = gl.zeros([64, BLOCK_K // 8], gl.float32, _PARTIALS)
-            s2 = gl.zeros([64, BLOCK_K // 8], gl.float32, _PARTIALS)
+            shift = gl.zeros([WG_M], gl.float32, gl.SliceLayout(1, _STATS_LAYOUT))
+            s1 = gl.zeros([WG_M, BLOCK_K // 8], gl.float32, _PARTIALS)
+            s2 = gl.zeros([WG_M, BLOCK_K // 8], gl.float32, _PARTIALS)
         prev = 0
         if not COOP:
             # Our turn once the other warpgroup waited for all of its tile's loads. This also
@@ -631,11 +641,12 @@ def _hopper_producer(descs, bars, bufs, bias_ptr, colsum_ptr, ln_eps, M, N, K, N
                      HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
                      HAS_RESIDUAL: gl.constexpr, HAS_LN: gl.constexpr):
     """One warp: the A and B tiles of every k step of the CTA's tiles, in the consumers' order.
-    A arrives as 64-row boxes (two per stage in cooperative tiles, one per warpgroup)."""
+    A arrives in boxes of a warpgroup's rows (two per stage in cooperative tiles)."""
     a_desc, b_desc, c_desc, r_desc = descs
     ready, empty, turn, res_ready, stats_ready = bars
     a_smem, b_smem, c_smem, stats = bufs
-    BLOCK_M: gl.constexpr = 128 if COOP else 64
+    WG_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = 2 * WG_M if COOP else WG_M
     A_BOXES: gl.constexpr = 2 if COOP else 1
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -658,7 +669,7 @@ def _hopper_producer(descs, bars, bufs, bias_ptr, colsum_ptr, ln_eps, M, N, K, N
             mbarrier.expect(ready.index(s),
                             A_BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             for h in gl.static_range(A_BOXES):
-                _tma_load(a_desc, [off_m + 64 * h, k * BLOCK_K], ready.index(s),
+                _tma_load(a_desc, [off_m + WG_M * h, k * BLOCK_K], ready.index(s),
                           a_smem.index(s * A_BOXES + h))
             if B_KMAJOR:
                 _tma_load(b_desc, [off_n, k * BLOCK_K], ready.index(s), b_smem.index(s))
@@ -675,19 +686,20 @@ def matmul_hopper_kernel(a_desc, b_desc, c_desc, r_desc, bias_ptr, colsum_ptr, l
                          HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
                          HAS_RESIDUAL: gl.constexpr, HAS_LN: gl.constexpr):
     dtype: gl.constexpr = a_desc.dtype
+    WG_M: gl.constexpr = a_desc.block_type.shape[0]
     A_BOXES: gl.constexpr = 2 if COOP else 1
-    a_smem = gl.allocate_shared_memory(dtype, [STAGES * A_BOXES, 64, BLOCK_K], a_desc.layout)
+    a_smem = gl.allocate_shared_memory(dtype, [STAGES * A_BOXES, WG_M, BLOCK_K], a_desc.layout)
     if B_KMAJOR:
         b_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     else:
         b_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, BLOCK_N], b_desc.layout)
-    c_smem = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], c_desc.layout)  # one each
+    c_smem = gl.allocate_shared_memory(dtype, [2, WG_M, BLOCK_N], c_desc.layout)  # one each
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     res_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     stats_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    stats = gl.allocate_shared_memory(gl.float32, [4 if HAS_LN and not COOP else 1, 64],
+    stats = gl.allocate_shared_memory(gl.float32, [4 if HAS_LN and not COOP else 1, WG_M],
                                       _STATS_SMEM)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
@@ -749,8 +761,10 @@ def pick_config(M, N, K, dtype):
 
 @functools.lru_cache(maxsize=None)
 def pick_hopper_config(M, N, K, activation=None):
-    """The Gluon kernel's schedule by shape. Measured on an H100 (bf16, GPU time, against
-    cuBLAS's F.linear; each ratio varied by up to +-5% between runs):
+    """The Gluon kernel's schedule by shape: COOP (cooperative or ping-pong), BLOCK_M (a
+    tile's rows: 128 cooperative, 64 or 128 ping-pong), BLOCK_N, STAGES, GROUP_M. Measured on
+    an H100 (bf16, GPU time, against cuBLAS's F.linear; each ratio varied by up to +-5% between
+    runs):
       * vocabulary-wide N: cooperative 128x256 tiles, GROUP_M 32: 1.01-1.06x at N = 32000,
         50304, 128256, 151936 (B streams from memory once per group of tile rows: taller
         groups read it fewer times; GROUP_M 8 ran 0.97-1.05x, lower on average);
@@ -763,12 +777,13 @@ def pick_hopper_config(M, N, K, activation=None):
         8192x768x3072 and 8192x2304x768 (H200, three rounds each, spreads under 1.5%);
       * otherwise cooperative 128x256: 1.00-1.03x (16384x2048x2048, 8192^3)."""
     if N >= 16384:
-        return dict(COOP=True, BLOCK_N=256, STAGES=3, GROUP_M=32)
+        return dict(COOP=True, BLOCK_M=128, BLOCK_N=256, STAGES=3, GROUP_M=32)
     if activation is not None and K <= 1024:
-        return dict(COOP=False, BLOCK_N=256, STAGES=4, GROUP_M=8)
+        return dict(COOP=False, BLOCK_M=64, BLOCK_N=256, STAGES=4, GROUP_M=8)
     if N <= 2304:
-        return dict(COOP=True, BLOCK_N=128, STAGES=5, GROUP_M=1 if K <= 4096 else 8)
-    return dict(COOP=True, BLOCK_N=256, STAGES=3, GROUP_M=8)
+        return dict(COOP=True, BLOCK_M=128, BLOCK_N=128, STAGES=5,
+                    GROUP_M=1 if K <= 4096 else 8)
+    return dict(COOP=True, BLOCK_M=128, BLOCK_N=256, STAGES=3, GROUP_M=8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -793,12 +808,15 @@ def matmul_hopper(A, B, bias, activation, residual, C, config, colsum=None, ln_e
     BN, BK = config["BLOCK_N"], HOPPER_BLOCK_K
     b_block = (BN, BK) if b_kmajor else (BK, BN)
     r_view = residual if residual is not None else C  # (no residual: a descriptor never read)
-    blocks = ((A, (64, BK)), (b_view, b_block), (C, (64, BN)), (r_view, (64, BN)))
+    BM = config["BLOCK_M"]
+    WG_M = BM // 2 if config["COOP"] else BM  # the rows a warpgroup multiplies: A's, C's boxes
+    blocks = ((A, (WG_M, BK)), (b_view, b_block), (C, (WG_M, BN)), (r_view, (WG_M, BN)))
     descs = [TensorDescriptor.from_tensor(t, list(block), _gl_layout(block, A.dtype))
              for t, block in blocks]
-    row_blocks, col_tiles = -(-M // (128 if config["COOP"] else 64)), -(-N // BN)
+    row_blocks, col_tiles = -(-M // BM), -(-N // BN)
     sms = _num_sms(A.device.index)
-    grid = min(row_blocks * col_tiles, sms)
+    tiles = row_blocks * col_tiles
+    grid = -(-tiles // -(-tiles // sms))  # as few CTAs as take the same waves: even work
     if colsum is not None:  # as many CTAs as runs of tiles (_gl_runs), at most one per SM
         runs = max(1, sms // row_blocks)
         grid = min(row_blocks * (runs if col_tiles % runs == 0 else 1), sms)

@@ -308,8 +308,9 @@ b_kmajor, activation = sys.argv[2] == "kmajor", None if sys.argv[3] == "none" el
 residual, ln = sys.argv[4] == "residual", sys.argv[5] == "ln"
 cfg = mm.pick_hopper_config(M, N, K, activation)
 BN, BK = cfg["BLOCK_N"], mm.HOPPER_BLOCK_K
-blocks = {"a_desc": (64, BK), "b_desc": (BN, BK) if b_kmajor else (BK, BN), "c_desc": (64, BN),
-          "r_desc": (64, BN)}
+WG_M = cfg["BLOCK_M"] // 2 if cfg["COOP"] else cfg["BLOCK_M"]  # a warpgroup's rows of a tile
+blocks = {"a_desc": (WG_M, BK), "b_desc": (BN, BK) if b_kmajor else (BK, BN),
+          "c_desc": (WG_M, BN), "r_desc": (WG_M, BN)}
 signature = {name: f"tensordesc<bf16[{b[0]}, {b[1]}],{mm._gl_layout(b, torch.bfloat16)!r}>"
              for name, b in blocks.items()}
 signature.update(bias_ptr="*fp32" if ln else "*bf16", colsum_ptr="*fp32", ln_eps="fp32",

@@ -419,6 +419,34 @@ def test_wrong_kernel_fails_and_diagnose_names_it(tiny_model, tmp_path, capsys):
     assert entries["matmul"]["alone"]["passed"] and entries["matmul"]["status"] == "ok"
 
 
+def test_starters_without_a_call_site_are_neither_regated_nor_imported(tiny_model, tmp_path,
+                                                                         monkeypatch, capsys):
+    """--starters re-gates (a minute or so each on a GPU) and imports only the starters whose
+    kernel type the model calls; the rest are listed as unused. Here the LLaMA has no layernorm
+    or softmax: their files would raise if imported."""
+    starters = tmp_path / "starters"
+    starters.mkdir()
+    for name in ("matmul", "rmsnorm"):
+        (starters / f"{name}.py").write_text((KDIR / f"{name}.py").read_text())
+    for name in ("layernorm", "softmax"):
+        (starters / f"{name}.py").write_text(f'KERNEL_TYPE = "{name}"\n'
+                                             f'raise RuntimeError("imported")\n')
+    monkeypatch.setattr(autokernel, "starters_dir", lambda backend: starters)
+    regated = []
+    monkeypatch.setattr(verify.regate, "regate",
+                        lambda path, timeout_s=180: (regated.append(Path(path).name) or True,
+                                                     "PASS, 1.0 us"))
+    out = tmp_path / "verify.json"
+    assert verify.main(tiny_model + ["--starters", "--no-timing", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 of 4 starters have no call site in this model (layernorm, softmax)" in text
+    assert sorted(regated) == ["matmul.py", "rmsnorm.py"]
+    entries = by_name(json.loads(out.read_text()))
+    assert [entries[n]["status"] for n in ("layernorm", "matmul", "rmsnorm", "softmax")] == \
+        ["unused", "ok", "ok", "unused"]
+    assert entries["softmax"]["calls"] == 0 and entries["matmul"]["calls"] > 0
+
+
 def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
     args = tiny_model + ["--kernels", kernel_paths("rmsnorm", "softmax"), "--no-timing",
                          "--out", str(tmp_path / "v.json")]
