@@ -133,6 +133,7 @@ def _profile(argv):
     print(f"\nwrote {args.output}")
     if args.export_trace:
         print(f"wrote {args.export_trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    print("next: uv run extract.py --top 5   (the top bottlenecks as kernel files + plan.json)")
     return 0
 
 
@@ -422,6 +423,11 @@ def print_report(result, top):
         rest = r["entries"][top:]
         print(f"     ... {len(rest)} more ops, {100 * sum(e['share'] for e in rest):.1f}% "
               f"of {unit} time (--top to show them)")
+    shown = dict.fromkeys(e["kernel_type"] for e in r["entries"][:top] if e["kernel_type"])
+    print("     amdahl: the model's speedup if the op took no time")
+    if shown:
+        print("     shapes: " + ", ".join(f"{t} {'x'.join(KERNEL_TYPES[t].shape_names)}"
+                                         for t in shown))
     print()
     print("by group: " + ", ".join(f"{g['group']} {100 * g['share']:.1f}%" for g in r["groups"]))
     if r["launch_bound"]:

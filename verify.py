@@ -103,7 +103,9 @@ Writes workspace/verify.json (--out to change):
    null (the fastest whose outputs were compared and match), "best_ms": float | null,
    "best_speedup_vs_compile": float | null (paired's ratio where the rounds ran, else
    compile_ms / best_ms), "best_speedup_vs_compile_single": float | null (compile_ms /
-   best_ms, where the rounds ran)}
+   best_ms, where the rounds ran),
+   "regate": {file: {"passed", "gate": the gate's line, "version": which kept row of
+              results.tsv, "version_ok"}} | null (--no-regate)}
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
@@ -205,7 +207,7 @@ def starters_without_call_sites(specs, model, inputs):
     """--starters: the starters whose kernel type has no call site in this model (found by one
     forward with every type's reference plugged in: swap.pluggable_types), read from their text.
     They are neither re-gated nor imported: a re-gate costs a minute or so on a GPU, and GPT-2
-    uses 3 of the 14. -> (the specs to plug in, [(path, name, type)] left out)."""
+    uses 3 of the 10. -> (the specs to plug in, [(path, name, type)] left out)."""
     plugged = pluggable_types(model, lambda m: forward(m, inputs))
     kept, idle = [], []
     for spec in specs:
@@ -240,7 +242,9 @@ def kernel_path(path):
     if not path.is_absolute() and not path.exists():
         path = autokernel.ROOT / path
     if not path.exists():
-        raise UsageError(f"kernel file {path} does not exist")
+        starter = autokernel.starters_dir() / f"{path.stem}.py"  # `--kernels softmax`
+        hint = f": did you mean {rel(starter)}?" if starter.exists() else ""
+        raise UsageError(f"kernel file {path} does not exist{hint}")
     return path
 
 
@@ -766,8 +770,12 @@ def print_report(r):
                   f"{vs_compile}; outputs {outputs_verdict(t.get('gainers_correctness'))}")
     for f in r["failures"]:
         print(f"FAIL {f}")
-    if r["failures"] and not any(e["alone"] for e in r["kernels"]):
+    broken = not c["passed"] or any(e["status"] in ("crashed", "mismatch") for e in r["kernels"])
+    if broken and not any(e["alone"] for e in r["kernels"]):
         print("hint: run again with --diagnose to find the kernel that breaks the model")
+    elif any(e["status"] == "never ran" for e in r["kernels"]):
+        print("hint: a kernel that never ran replaced nothing in this model (the reason is "
+              "above): leave it out of --kernels")
     print(f"verdict: {'PASS' if r['passed'] else 'FAIL'}"
           + (f" {r['speedup_vs_eager']:.3f}x vs eager" if r["speedup_vs_eager"] else ""))
 
@@ -825,6 +833,9 @@ def _verify(argv):
         if not specs:
             raise UsageError("no starter's kernel type has a call site in this model: nothing "
                              "to plug in (profile.py shows what the model computes)")
+    if args.no_regate:
+        print("re-gate: skipped (--no-regate): the kernel files are plugged in without being "
+              "judged again")
     kernels, checked = select_kernels(args, specs, rows)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
     if not kernels:
@@ -841,7 +852,7 @@ def _verify(argv):
         raise UsageError(str(e), code=1) from None
     report["kernels"] = sorted(report["kernels"] + [unused_entry(*i) for i in idle],
                                key=lambda e: e["file"])
-    report["regate"] = checked
+    report["regate"] = None if args.no_regate else checked
     for path, c in refused.items():
         report["failures"].append(f"{rel(path)} left out: it failed its re-gate "
                                   f"({c['version'] if c['version_ok'] is False else c['gate']})")
@@ -861,7 +872,8 @@ def build_parser():
     src.add_argument("--plan", default=str(autokernel.PLAN_JSON), help="extract.py's plan")
     src.add_argument("--kernels", help="explicit kernel files, comma-separated")
     src.add_argument("--starters", action="store_true",
-                     help="every kernels/*.py (kernels/cuda/*.py with --backend cuda)")
+                     help="the kernels/*.py starters (kernels/cuda/*.py with --backend cuda) "
+                          "whose kernel type this model calls")
     src.add_argument("--backend", choices=("triton", "cuda"), default="triton",
                      help="which starters --starters takes: triton or cuda (CUDA C++, GPU only)")
     src.add_argument("--results", default=str(autokernel.RESULTS_TSV),

@@ -453,6 +453,10 @@ def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
     assert verify.main(args + ["--no-regate"]) == 1
     text = capsys.readouterr().out
     assert "FAIL softmax" in text and "never ran" in text
+    # nothing broke the model (its outputs match): the hint is to drop the file, not --diagnose
+    assert "leave it out of --kernels" in text and "--diagnose" not in text
+    assert "re-gate: skipped (--no-regate)" in text
+    assert json.loads((tmp_path / "v.json").read_text())["regate"] is None
 
 
 def test_cli_subprocess_timing_compile_and_json(tiny_model, tmp_path):
@@ -519,6 +523,7 @@ def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
     bad_plan.write_text('{"kernels": [{"name": "no_file"}]}')
     cases = [
         (["--kernels", str(tmp_path / "missing.py")], "does not exist"),
+        (["--kernels", "softmax"], "did you mean kernels/softmax.py?"),  # a type, not a file
         (["--kernels", str(bad_type)], "unknown KERNEL_TYPE 'conv'"),
         (["--plan", str(tmp_path / "none.json")], "run extract.py first"),
         (["--plan", str(bad_plan)], "re-run `uv run extract.py`"),
