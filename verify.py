@@ -16,8 +16,9 @@ workspace/profile.json are reused. Kernels come from
 workspace/plan.json (extract.py's list; each file holds that kernel's best kept version), from
 --kernels FILE[,FILE], or from --starters (every kernels/*.py, or kernels/cuda/*.py with --backend
 cuda; a starter that finds nothing to replace in this model is listed as "unused", not as a
-replacement and not as a failure: those whose kernel type has no call site at all, found by one
-forward with every type's reference plugged in, are neither re-gated nor imported). CUDA C++
+replacement and not as a failure). A kernel file whose type has no call site in the model at
+all (found by one forward with every type's reference plugged in) is neither re-gated nor
+imported: a starter is then unused, a file named by --kernels or the plan never ran. CUDA C++
 kernel files need a GPU.
 Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
 bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
@@ -203,26 +204,29 @@ def select_kernels(args, specs=None, rows=None):
     return kernels, checked
 
 
-def starters_without_call_sites(specs, model, inputs):
-    """--starters: the starters whose kernel type has no call site in this model (found by one
-    forward with every type's reference plugged in: swap.pluggable_types), read from their text.
-    They are neither re-gated nor imported: a re-gate costs a minute or so on a GPU, and GPT-2
-    uses 3 of the 10. -> (the specs to plug in, [(path, name, type)] left out)."""
-    plugged = pluggable_types(model, lambda m: forward(m, inputs))
+def without_call_sites(specs, model, inputs):
+    """The kernel files whose type has no call site in this model, found by one forward with
+    the references of their types plugged in (swap.pluggable_types), the types read from the
+    files' text. They are neither re-gated nor imported: a re-gate costs a minute or so on a
+    GPU, and GPT-2 calls 3 of the 10 starters' types. An unknown type is left to load_kernel's
+    error. -> (the specs to plug in, [(path, name, type)] left out)."""
+    attrs = {spec[0]: read_file_attrs(spec[0])[0] for spec in specs}
+    types = {spec[0]: attrs[spec[0]].get("KERNEL_TYPE") for spec in specs}
+    plugged = pluggable_types(model, lambda m: forward(m, inputs), set(types.values()))
     kept, idle = [], []
     for spec in specs:
-        attrs = read_file_attrs(spec[0])[0]
-        if attrs.get("KERNEL_TYPE") in plugged:
+        if types[spec[0]] in plugged or types[spec[0]] not in autokernel.KERNEL_TYPE_NAMES:
             kept.append(spec)
         else:
-            idle.append((spec[0], tag_of(attrs), attrs.get("KERNEL_TYPE")))
+            idle.append((spec[0], tag_of(attrs[spec[0]]), types[spec[0]]))
     return kept, idle
 
 
-def unused_entry(path, name, kernel_type):
-    """The report's entry for a starter left out by starters_without_call_sites."""
+def idle_entry(path, name, kernel_type, status):
+    """The report's entry for a file left out by without_call_sites: "unused" (a starter) or
+    "never ran" (a file the user or the plan named: a failure)."""
     return {"name": name, "kernel_type": kernel_type, "file": rel(path), "calls": 0,
-            "shapes": [], "fallbacks": {}, "skipped": {}, "notes": [], "status": "unused",
+            "shapes": [], "fallbacks": {}, "skipped": {}, "notes": [], "status": status,
             "error": None, "alone": None, "alone_ms": None, "gain_ms": None, "share": None,
             "compile_alone_ms": None, "compile_gain_ms": None, "compile_alone_note": None}
 
@@ -823,16 +827,16 @@ def _verify(argv):
         given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
                          if getattr(args, f, None) is not None)
         print(f"model flags from {autokernel.PROFILE_JSON}: {given or 'none (the defaults)'}")
-    model, inputs, description = load_model(args)  # before re-gating: --starters needs it
-    idle = []
-    if args.starters:
-        specs, idle = starters_without_call_sites(specs, model, inputs)
-        if idle:
-            print(f"{len(idle)} of {len(specs) + len(idle)} starters have no call site in this "
-                  f"model ({', '.join(t for _, _, t in idle)}): not re-gated, not run")
-        if not specs:
-            raise UsageError("no starter's kernel type has a call site in this model: nothing "
-                             "to plug in (profile.py shows what the model computes)")
+    model, inputs, description = load_model(args)  # before re-gating: its call sites decide
+    specs, idle = without_call_sites(specs, model, inputs)
+    files = "starters" if args.starters else "kernel files"
+    if idle:
+        print(f"{len(idle)} of {len(specs) + len(idle)} {files} have no call site in this model "
+              f"({', '.join(t for _, _, t in idle)}): not re-gated, not run")
+    if not specs:
+        raise UsageError(f"none of the {files}' kernel types has a call site in this model: "
+                         f"nothing to plug in (profile.py shows what the model computes)",
+                         code=2 if args.starters else 1)
     if args.no_regate:
         print("re-gate: skipped (--no-regate): the kernel files are plugged in without being "
               "judged again")
@@ -843,15 +847,23 @@ def _verify(argv):
         raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
     backend = "none" if args.no_compile else args.compile_backend
     try:
+        # a named file that never runs fails the run: then nothing is timed, as in verify()
+        timing = not args.no_timing and (args.starters or not idle)
         report = verify(model, inputs, kernels, diagnose=args.diagnose,
-                        timing=not args.no_timing, warmup=args.warmup, repeat=args.repeat,
+                        timing=timing, warmup=args.warmup, repeat=args.repeat,
                         compile_backend=backend, weight_layout=args.weight_layout,
                         cuda_graphs=args.cuda_graphs, description=description,
                         compile_alone=args.compile_alone, paired_rounds=args.paired_rounds)
     except GraphCaptureError as e:
         raise UsageError(str(e), code=1) from None
-    report["kernels"] = sorted(report["kernels"] + [unused_entry(*i) for i in idle],
-                               key=lambda e: e["file"])
+    if args.starters:  # starters with nothing to replace are not a failure
+        report["kernels"] = sorted(report["kernels"] + [idle_entry(*i, "unused") for i in idle],
+                                   key=lambda e: e["file"])
+    else:
+        report["kernels"] += [idle_entry(*i, "never ran") for i in idle]
+        report["failures"] += [f"{name} ({rel(path)}): never ran (no call site for {t} in this "
+                               f"model)" for path, name, t in idle]
+        report["passed"] = report["passed"] and not idle
     report["regate"] = None if args.no_regate else checked
     for path, c in refused.items():
         report["failures"].append(f"{rel(path)} left out: it failed its re-gate "

@@ -370,17 +370,20 @@ def _known_to_the_compiler(inductor):
         importlib.import_module("torch._inductor.lowering")  # it imports inductor's kernel/
 
 
-def pluggable_types(model, forward):
+def pluggable_types(model, forward, types=None):
     """The kernel types a swap plugs a kernel into in this model, by one forward(model) with
-    every type swapped for its eager reference: a computation the profiler recognized but no
-    swap rule reaches (attention written out as matmul-softmax-matmul, say) is absent."""
+    each of `types` (default: all) swapped for its eager reference: a computation the profiler
+    recognized but no swap rule reaches (attention written out as matmul-softmax-matmul, say)
+    is absent. The answer depends on the set: a type can take a call site from another (with
+    qkv_rotary in, a LLaMA attention layer's rotation is no longer rotary_embedding's)."""
     import reference
+    types = [t for t in autokernel.KERNEL_TYPE_NAMES if types is None or t in types]
     stand_ins = [Kernel(t, t, Path(reference.__file__), getattr(reference, f"{t}_eager"))
-                 for t in autokernel.KERNEL_TYPE_NAMES]
+                 for t in types]
     swap = Swap(stand_ins, weight_layout="view")
     with torch.inference_mode(), swap.installed(model):
         forward(model)
-    return {t for t in autokernel.KERNEL_TYPE_NAMES if swap.calls[t]}
+    return {t for t in types if swap.calls[t]}
 
 
 def _patched(swap, original, handler):

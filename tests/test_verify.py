@@ -453,6 +453,7 @@ def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
     assert verify.main(args + ["--no-regate"]) == 1
     text = capsys.readouterr().out
     assert "FAIL softmax" in text and "never ran" in text
+    assert "1 of 2 kernel files have no call site in this model (softmax)" in text  # not loaded
     # nothing broke the model (its outputs match): the hint is to drop the file, not --diagnose
     assert "leave it out of --kernels" in text and "--diagnose" not in text
     assert "re-gate: skipped (--no-regate)" in text
