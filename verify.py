@@ -17,9 +17,9 @@ workspace/plan.json (extract.py's list; each file holds that kernel's best kept 
 --kernels FILE[,FILE], or from --starters (every kernels/*.py, or kernels/cuda/*.py with --backend
 cuda; a starter that finds nothing to replace in this model is listed as "unused", not as a
 replacement and not as a failure). A kernel file whose type has no call site in the model at
-all (found by one forward with every type's reference plugged in) is neither re-gated nor
-imported: a starter is then unused, a file named by --kernels or the plan never ran. CUDA C++
-kernel files need a GPU.
+all (found by one forward with the references of the given files' types plugged in) is neither
+re-gated nor imported: a starter is then unused, a file named by --kernels or the plan never
+ran. CUDA C++ kernel files need a GPU.
 Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
 bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
 a kept row of results.tsv (the report names which: experiment, commit, latency; it warns when a
