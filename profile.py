@@ -69,6 +69,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
+from pathlib import Path
 
 import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 from autokernel import KERNEL_TYPES
@@ -133,7 +134,10 @@ def _profile(argv):
     print(f"\nwrote {args.output}")
     if args.export_trace:
         print(f"wrote {args.export_trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
-    print("next: uv run extract.py --top 5   (the top bottlenecks as kernel files + plan.json)")
+    moved = "" if Path(args.output).resolve() == autokernel.PROFILE_JSON.resolve() else \
+        f" --profile {args.output}"
+    print(f"next: uv run extract.py --top 5{moved}   (the top bottlenecks as kernel files + "
+          f"plan.json)")
     return 0
 
 

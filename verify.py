@@ -16,10 +16,11 @@ workspace/profile.json are reused. Kernels come from
 workspace/plan.json (extract.py's list; each file holds that kernel's best kept version), from
 --kernels FILE[,FILE], or from --starters (every kernels/*.py, or kernels/cuda/*.py with --backend
 cuda; a starter that finds nothing to replace in this model is listed as "unused", not as a
-replacement and not as a failure). A kernel file whose type has no call site in the model at
-all (found by one forward with the references of the given files' types plugged in) is neither
-re-gated nor imported: a starter is then unused, a file named by --kernels or the plan never
-ran. CUDA C++ kernel files need a GPU.
+replacement and not as a failure). A kernel file whose type has no call site in the model
+beside the other files' types (one forward with the references of the given types plugged in:
+qkv_rotary, say, takes an attention layer's rotation from rotary_embedding) is neither re-gated
+nor imported: a starter is then unused, a file named by --kernels or the plan never ran; a
+file refused by its re-gate gives its call sites back. CUDA C++ kernel files need a GPU.
 Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
 bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
 a kept row of results.tsv (the report names which: experiment, commit, latency; it warns when a
@@ -204,31 +205,36 @@ def select_kernels(args, specs=None, rows=None):
     return kernels, checked
 
 
-def without_call_sites(specs, model, inputs):
-    """The kernel files whose type has no call site in this model, found by one forward with
-    the references of their types plugged in (swap.pluggable_types), the types read from the
-    files' text. They are neither re-gated nor imported: a re-gate costs a minute or so on a
-    GPU, and GPT-2 calls 3 of the 10 starters' types. An unknown type is left to load_kernel's
-    error. -> (the specs to plug in, [(path, name, type)] left out)."""
+def without_call_sites(specs, model, inputs, among=()):
+    """The kernel files whose type has no call site in this model beside the other files' types
+    (and `among`'s), found by one forward with the references of those types plugged in
+    (swap.pluggable_types), the types read from the files' text. They are neither re-gated nor
+    imported: a re-gate costs a minute or so on a GPU, and GPT-2 calls 3 of the 10 starters'
+    types. An unknown type, or one that contradicts the plan, is kept for the re-gate and
+    load_kernel to refuse; a model whose forward fails here keeps every file (verify() then
+    reports the failure). -> (the specs to plug in, [(spec, name, type)] left out)."""
     attrs = {spec[0]: read_file_attrs(spec[0])[0] for spec in specs}
     types = {spec[0]: attrs[spec[0]].get("KERNEL_TYPE") for spec in specs}
-    plugged = pluggable_types(model, lambda m: forward(m, inputs), set(types.values()))
+    try:
+        plugged = pluggable_types(model, lambda m: forward(m, inputs),
+                                  set(types.values()) | set(among))
+    except Exception as e:  # noqa: BLE001
+        print(f"could not check which kernel types have call sites: {describe(e)}")
+        return specs, []
     kept, idle = [], []
     for spec in specs:
-        if types[spec[0]] in plugged or types[spec[0]] not in autokernel.KERNEL_TYPE_NAMES:
+        t = types[spec[0]]
+        if t in plugged or t not in autokernel.KERNEL_TYPE_NAMES or spec[2] not in (None, t):
             kept.append(spec)
         else:
-            idle.append((spec[0], tag_of(attrs[spec[0]]), types[spec[0]]))
+            idle.append((spec, spec[1] or tag_of(attrs[spec[0]]), t))
     return kept, idle
 
 
-def idle_entry(path, name, kernel_type, status):
+def idle_entry(spec, name, kernel_type, status):
     """The report's entry for a file left out by without_call_sites: "unused" (a starter) or
     "never ran" (a file the user or the plan named: a failure)."""
-    return {"name": name, "kernel_type": kernel_type, "file": rel(path), "calls": 0,
-            "shapes": [], "fallbacks": {}, "skipped": {}, "notes": [], "status": status,
-            "error": None, "alone": None, "alone_ms": None, "gain_ms": None, "share": None,
-            "compile_alone_ms": None, "compile_gain_ms": None, "compile_alone_note": None}
+    return dict(blank_entry(name, kernel_type, rel(spec[0])), status=status)
 
 
 def refuse_cuda_without_gpu(paths):
@@ -270,19 +276,24 @@ def run_swapped(model, inputs, swap):
         return None, f"the model with kernels raised {describe(e)}"
 
 
+def blank_entry(name, kernel_type, file):
+    """A kernel's report entry before anything is known of its run (the schema's keys)."""
+    return {"name": name, "kernel_type": kernel_type, "file": file, "calls": 0, "shapes": [],
+            "fallbacks": {}, "skipped": {}, "notes": [], "status": "never ran", "error": None,
+            "alone": None, "alone_ms": None, "gain_ms": None, "share": None,
+            "compile_alone_ms": None, "compile_gain_ms": None, "compile_alone_note": None}
+
+
 def kernel_entry(kernel, swap, error=None):
     t = kernel.kernel_type
     calls = swap.calls[kernel.name]
     crashed = error is not None and error.startswith(f"{kernel.name} (")
     # After another kernel crashed the forward stopped: this one's count means nothing.
     status = "crashed" if crashed else "stopped" if error else "ok" if calls else "never ran"
-    return {"name": kernel.name, "kernel_type": t, "file": kernel.rel_file, "calls": calls,
-            "shapes": sorted(swap.shapes[kernel.name]),
-            "fallbacks": dict(swap.fallbacks[t]), "skipped": dict(swap.skipped[t]),
-            "notes": sorted(swap.notes[t]), "status": status,
-            "error": error if status == "crashed" else None,
-            "alone": None, "alone_ms": None, "gain_ms": None, "share": None,
-            "compile_alone_ms": None, "compile_gain_ms": None, "compile_alone_note": None}
+    return dict(blank_entry(kernel.name, t, kernel.rel_file), calls=calls,
+                shapes=sorted(swap.shapes[kernel.name]), fallbacks=dict(swap.fallbacks[t]),
+                skipped=dict(swap.skipped[t]), notes=sorted(swap.notes[t]), status=status,
+                error=error if status == "crashed" else None)
 
 
 def why_not(entry):
@@ -779,7 +790,7 @@ def print_report(r):
         print("hint: run again with --diagnose to find the kernel that breaks the model")
     elif any(e["status"] == "never ran" for e in r["kernels"]):
         print("hint: a kernel that never ran replaced nothing in this model (the reason is "
-              "above): leave it out of --kernels")
+              "above): leave it out of --kernels, or out of plan.json (extract.py --types)")
     print(f"verdict: {'PASS' if r['passed'] else 'FAIL'}"
           + (f" {r['speedup_vs_eager']:.3f}x vs eager" if r["speedup_vs_eager"] else ""))
 
@@ -832,17 +843,23 @@ def _verify(argv):
     files = "starters" if args.starters else "kernel files"
     if idle:
         print(f"{len(idle)} of {len(specs) + len(idle)} {files} have no call site in this model "
-              f"({', '.join(t for _, _, t in idle)}): not re-gated, not run")
-    if not specs:
-        raise UsageError(f"none of the {files}' kernel types has a call site in this model: "
-                         f"nothing to plug in (profile.py shows what the model computes)",
-                         code=2 if args.starters else 1)
+              f"beside the others ({', '.join(t for _, _, t in idle)}): not run")
     if args.no_regate:
         print("re-gate: skipped (--no-regate): the kernel files are plugged in without being "
               "judged again")
     kernels, checked = select_kernels(args, specs, rows)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
-    if not kernels:
+    if refused and idle:  # a refused file's type may have taken call sites an idle one now has
+        back, idle = without_call_sites([spec for spec, _, _ in idle], model, inputs,
+                                        among={k.kernel_type for k in kernels})
+        if back:
+            print(f"with {len(refused)} file(s) refused, {len(back)} more have call sites: "
+                  f"{', '.join(rel(b[0]) for b in back)}")
+            more, more_checked = select_kernels(args, back, rows)
+            kernels += more
+            checked.update(more_checked)
+            refused = {f: c for f, c in checked.items() if not c["passed"]}
+    if refused and not kernels:
         first = next(iter(refused.values()))
         raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
     backend = "none" if args.no_compile else args.compile_backend
@@ -861,8 +878,8 @@ def _verify(argv):
                                    key=lambda e: e["file"])
     else:
         report["kernels"] += [idle_entry(*i, "never ran") for i in idle]
-        report["failures"] += [f"{name} ({rel(path)}): never ran (no call site for {t} in this "
-                               f"model)" for path, name, t in idle]
+        report["failures"] += [f"{name} ({rel(spec[0])}): never ran (no call site for {t} in "
+                               f"this model beside the other kernels)" for spec, name, t in idle]
         report["passed"] = report["passed"] and not idle
     report["regate"] = None if args.no_regate else checked
     for path, c in refused.items():

@@ -381,8 +381,8 @@ def pluggable_types(model, forward, types=None):
     stand_ins = [Kernel(t, t, Path(reference.__file__), getattr(reference, f"{t}_eager"))
                  for t in types]
     swap = Swap(stand_ins, weight_layout="view")
-    with torch.inference_mode(), swap.installed(model):
-        forward(model)
+    with torch.no_grad(), swap.installed(model):  # (inference_mode would make any state the
+        forward(model)                            # model builds lazily inference tensors)
     return {t for t in types if swap.calls[t]}
 
 

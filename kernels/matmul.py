@@ -358,8 +358,8 @@ def matmul_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, res_ptr, M, N, K,
 
 
 # ---- The Hopper kernel, in Gluon (Triton's lower-level dialect: explicit layouts, shared memory,
-# barriers and warp roles). One CTA per SM and three partitions that talk through mbarriers: a
-# one-warp producer that only issues TMA loads of A and B tiles into a ring of STAGES buffers
+# barriers and warp roles). At most one CTA per SM and three partitions that talk through mbarriers:
+# a one-warp producer that only issues TMA loads of A and B tiles into a ring of STAGES buffers
 # ("ready": a load landed; "empty": its readers are done with it), and two warpgroups that only
 # issue wgmma products and run the epilogue. Two schedules (COOP):
 #   * cooperative: 128 x BLOCK_N tiles, warpgroup w computes rows 64w..64w+63 of every tile,

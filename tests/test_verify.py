@@ -439,12 +439,64 @@ def test_starters_without_a_call_site_are_neither_regated_nor_imported(tiny_mode
     out = tmp_path / "verify.json"
     assert verify.main(tiny_model + ["--starters", "--no-timing", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "2 of 4 starters have no call site in this model (layernorm, softmax)" in text
+    assert "2 of 4 starters have no call site in this model beside the others " \
+           "(layernorm, softmax)" in text
     assert sorted(regated) == ["matmul.py", "rmsnorm.py"]
     entries = by_name(json.loads(out.read_text()))
     assert [entries[n]["status"] for n in ("layernorm", "matmul", "rmsnorm", "softmax")] == \
         ["unused", "ok", "ok", "unused"]
     assert entries["softmax"]["calls"] == 0 and entries["matmul"]["calls"] > 0
+
+
+def test_a_refused_kernel_gives_its_call_sites_back(tiny_model, tmp_path, monkeypatch, capsys):
+    """qkv_rotary takes the attention layers' rotation from rotary_embedding: with both given,
+    rotary_embedding has no call site of its own. When qkv_rotary then fails its re-gate, the
+    rotation is rotary_embedding's again, and it is re-gated and run."""
+    monkeypatch.setattr(verify.regate, "regate", lambda path, timeout_s=180:
+                        (False, "FAIL: planted") if Path(path).name == "qkv_rotary.py"
+                        else (True, "PASS, 1.0 us"))
+    out = tmp_path / "v.json"
+    argv = tiny_model + ["--kernels", kernel_paths("qkv_rotary", "rotary_embedding", "matmul"),
+                         "--no-timing", "--out", str(out)]
+    assert verify.main(argv) == 1  # a refused file fails the run
+    text = capsys.readouterr().out
+    assert "1 of 3 kernel files have no call site in this model beside the others " \
+           "(rotary_embedding)" in text and "1 more have call sites" in text, text
+    report = json.loads(out.read_text())
+    assert by_name(report)["rotary_embedding"]["calls"] == 2  # q and k of the one layer
+    assert not report["regate"][kernel_paths("qkv_rotary")]["passed"]
+
+
+def test_no_call_site_at_all_still_reports(tiny_model, tmp_path, monkeypatch, capsys):
+    """Nothing to plug in: exit 1 and a verify.json that says so, starters or named files."""
+    starters = tmp_path / "starters"
+    starters.mkdir()
+    (starters / "softmax.py").write_text('KERNEL_TYPE = "softmax"\n'
+                                         'raise RuntimeError("imported")\n')
+    monkeypatch.setattr(autokernel, "starters_dir", lambda backend: starters)
+    for source in (["--starters"], ["--kernels", kernel_paths("softmax")]):
+        out = tmp_path / "v.json"
+        assert verify.main(tiny_model + source + ["--no-timing", "--out", str(out)]) == 1
+        report = json.loads(out.read_text())
+        assert any("no kernel ran" in f for f in report["failures"]), report["failures"]
+        assert by_name(report)["softmax"]["calls"] == 0
+    capsys.readouterr()
+
+
+def test_a_model_that_raises_is_one_line(tmp_path, capsys):
+    """The call-site check runs the model first: its error is still verify's one line."""
+    path = tmp_path / "raising.py"
+    path.write_text(TINY_MODEL_FILE.replace("Model = llama.LLaMA", """
+class Model(llama.LLaMA):
+    def forward(self, *args, **kwargs):
+        raise ValueError("boom")
+"""))
+    code = verify.main(["--model", str(path), "--input-shape", "2x16", "--dtype", "fp32",
+                        "--kernels", kernel_paths("rmsnorm"), "--no-timing", "--no-regate",
+                        "--out", str(tmp_path / "v.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "the original model raised ValueError: boom" in err, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
 def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
@@ -453,7 +505,8 @@ def test_cli_never_ran_is_a_failure(tiny_model, tmp_path, capsys):
     assert verify.main(args + ["--no-regate"]) == 1
     text = capsys.readouterr().out
     assert "FAIL softmax" in text and "never ran" in text
-    assert "1 of 2 kernel files have no call site in this model (softmax)" in text  # not loaded
+    assert "1 of 2 kernel files have no call site in this model beside the others (softmax)" \
+        in text  # so not loaded
     # nothing broke the model (its outputs match): the hint is to drop the file, not --diagnose
     assert "leave it out of --kernels" in text and "--diagnose" not in text
     assert "re-gate: skipped (--no-regate)" in text

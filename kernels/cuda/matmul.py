@@ -537,11 +537,10 @@ __device__ __forceinline__ void store_slices(const uint32_t (&packed)[hopper::BN
     if (first <= 3 && 3 <= last) store_slice<T, 3>(packed, tmC, sC, cw, slices, m0, n0, N);
 }
 
-// Persistent: one block per SM walks tiles blockIdx.x, + gridDim.x, ...; the k-tiles of all its
-// tiles are one sequence `it` through the stage ring, so the producer fills the next tile's
-// first stages while the consumers run this tile's epilogue. tma_c: C leaves through shared
-// memory and TMA stores (tmC); else by 4-byte stores from the registers (C's rows not 16-byte
-// aligned).
+// Persistent: at most one block per SM walks tiles blockIdx.x, + gridDim.x, ...; the k-tiles of all
+// its tiles are one sequence `it` through the stage ring, so the producer fills the next tile's
+// first stages while the consumers run this tile's epilogue. tma_c: C leaves through shared memory
+// and TMA stores (tmC); else by 4-byte stores from the registers (C's rows not 16-byte aligned).
 template <typename T, bool B_KMAJOR>
 __global__ void __launch_bounds__(hopper::THREADS, 1)
 gemm_wgmma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
