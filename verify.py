@@ -231,6 +231,33 @@ def without_call_sites(specs, model, inputs, among=()):
     return kept, idle
 
 
+def plugged_kernels(args, specs, rows, model, inputs):
+    """The files with call sites in this model (without_call_sites), re-gated and imported
+    (select_kernels). A file refused by its re-gate gives its call sites back: the files left
+    out beside it are checked again. -> (kernels, {file: re-gate result}, [(spec, name, type)]
+    left out)."""
+    specs, idle = without_call_sites(specs, model, inputs)
+    if idle:
+        files = "starters" if args.starters else "kernel files"
+        print(f"{len(idle)} of {len(specs) + len(idle)} {files} have no call site in this model "
+              f"beside the others ({', '.join(t for _, _, t in idle)}): not run")
+    if args.no_regate:
+        print("re-gate: skipped (--no-regate): the kernel files are plugged in without being "
+              "judged again")
+    kernels, checked = select_kernels(args, specs, rows)
+    refused = [f for f, c in checked.items() if not c["passed"]]
+    if refused and idle:
+        back, idle = without_call_sites([spec for spec, _, _ in idle], model, inputs,
+                                        among={k.kernel_type for k in kernels})
+        if back:
+            print(f"with {len(refused)} file(s) refused, {len(back)} more have call sites: "
+                  f"{', '.join(rel(spec[0]) for spec in back)}")
+            more, more_checked = select_kernels(args, back, rows)
+            kernels += more
+            checked.update(more_checked)
+    return kernels, checked, idle
+
+
 def idle_entry(spec, name, kernel_type, status):
     """The report's entry for a file left out by without_call_sites: "unused" (a starter) or
     "never ran" (a file the user or the plan named: a failure)."""
@@ -839,26 +866,8 @@ def _verify(argv):
                          if getattr(args, f, None) is not None)
         print(f"model flags from {autokernel.PROFILE_JSON}: {given or 'none (the defaults)'}")
     model, inputs, description = load_model(args)  # before re-gating: its call sites decide
-    specs, idle = without_call_sites(specs, model, inputs)
-    files = "starters" if args.starters else "kernel files"
-    if idle:
-        print(f"{len(idle)} of {len(specs) + len(idle)} {files} have no call site in this model "
-              f"beside the others ({', '.join(t for _, _, t in idle)}): not run")
-    if args.no_regate:
-        print("re-gate: skipped (--no-regate): the kernel files are plugged in without being "
-              "judged again")
-    kernels, checked = select_kernels(args, specs, rows)
+    kernels, checked, idle = plugged_kernels(args, specs, rows, model, inputs)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
-    if refused and idle:  # a refused file's type may have taken call sites an idle one now has
-        back, idle = without_call_sites([spec for spec, _, _ in idle], model, inputs,
-                                        among={k.kernel_type for k in kernels})
-        if back:
-            print(f"with {len(refused)} file(s) refused, {len(back)} more have call sites: "
-                  f"{', '.join(rel(b[0]) for b in back)}")
-            more, more_checked = select_kernels(args, back, rows)
-            kernels += more
-            checked.update(more_checked)
-            refused = {f: c for f, c in checked.items() if not c["passed"]}
     if refused and not kernels:
         first = next(iter(refused.values()))
         raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
