@@ -258,10 +258,11 @@ def plugged_kernels(args, specs, rows, model, inputs):
     return kernels, checked, idle
 
 
-def idle_entry(spec, name, kernel_type, status):
-    """The report's entry for a file left out by without_call_sites: "unused" (a starter) or
-    "never ran" (a file the user or the plan named: a failure)."""
-    return dict(blank_entry(name, kernel_type, rel(spec[0])), status=status)
+def idle_entry(spec, name, kernel_type):
+    """The report's entry for a file left out by without_call_sites: "unused" for a starter
+    (spec's optional flag), else "never ran" (a file the user or the plan named: a failure)."""
+    entry = blank_entry(name, kernel_type, rel(spec[0]))
+    return dict(entry, status="unused") if spec[4] else entry
 
 
 def refuse_cuda_without_gpu(paths):
@@ -332,11 +333,12 @@ def why_not(entry):
 
 def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, repeat=None,
            compile_backend=None, weight_layout="copy", cuda_graphs=False, description="model",
-           compile_alone=None, paired_rounds=None):
+           compile_alone=None, paired_rounds=None, left_out=()):
     """Everything but the printing: returns the verify.json dict. compile_alone (default: on a
     GPU) times each kernel alone inside torch.compile too (a compile each); paired_rounds
     (default: PAIRED_ROUNDS on a GPU, none on a CPU) times the best variant against
-    torch.compile again in that many interleaved rounds (pair_with_compile)."""
+    torch.compile again in that many interleaved rounds (pair_with_compile). left_out: the
+    entries of files never plugged in (idle_entry), judged like the kernels' own."""
     model.eval()
     dtype = model_dtype(model)
     weights = WeightCache()
@@ -356,6 +358,7 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         if k.optional and e["status"] == "never ran":
             e["status"] = "unused"  # a starter with nothing to replace here: not a replacement
     used = [(k, e) for k, e in zip(kernels, entries) if e["status"] != "unused"]
+    entries += left_out
     correctness = {"passed": False, "error": error} if run is None else \
         compare_runs(run, run_ref)
     del run
@@ -873,23 +876,14 @@ def _verify(argv):
         raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
     backend = "none" if args.no_compile else args.compile_backend
     try:
-        # a named file that never runs fails the run: then nothing is timed, as in verify()
-        timing = not args.no_timing and (args.starters or not idle)
         report = verify(model, inputs, kernels, diagnose=args.diagnose,
-                        timing=timing, warmup=args.warmup, repeat=args.repeat,
+                        timing=not args.no_timing, warmup=args.warmup, repeat=args.repeat,
                         compile_backend=backend, weight_layout=args.weight_layout,
                         cuda_graphs=args.cuda_graphs, description=description,
-                        compile_alone=args.compile_alone, paired_rounds=args.paired_rounds)
+                        compile_alone=args.compile_alone, paired_rounds=args.paired_rounds,
+                        left_out=[idle_entry(*i) for i in idle])
     except GraphCaptureError as e:
         raise UsageError(str(e), code=1) from None
-    if args.starters:  # starters with nothing to replace are not a failure
-        report["kernels"] = sorted(report["kernels"] + [idle_entry(*i, "unused") for i in idle],
-                                   key=lambda e: e["file"])
-    else:
-        report["kernels"] += [idle_entry(*i, "never ran") for i in idle]
-        report["failures"] += [f"{name} ({rel(spec[0])}): never ran (no call site for {t} in "
-                               f"this model beside the other kernels)" for spec, name, t in idle]
-        report["passed"] = report["passed"] and not idle
     report["regate"] = None if args.no_regate else checked
     for path, c in refused.items():
         report["failures"].append(f"{rel(path)} left out: it failed its re-gate "
