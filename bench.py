@@ -18,8 +18,8 @@ commits kernel.py alone and copies it to the kernel's file in workspace/ (its fi
 plan.json); a revert restores kernel.py from HEAD.
 
 Trust. This process is the judge. The kernel file is imported only by child processes
-(autokernel/child.py), which it treats as hostile: they get inputs and output buffers, answer in
-JSON, and decide nothing. Outputs are compared with the float64 oracle here (autokernel/gate.py),
+(autokernel/child.py), which it treats as hostile: confined before the kernel's code runs
+(autokernel/sandbox.py), they get inputs and output buffers, answer in JSON, and decide nothing. Outputs are compared with the float64 oracle here (autokernel/gate.py),
 every timing round is measured by this process's own clock (autokernel/timing.py), the
 repo's state is snapshotted before the children start and restored after (autokernel/state.py),
 and no process they started outlives the verdict. README's "The gate's trust model" says what is
@@ -45,7 +45,7 @@ import autokernel as ak
 import torch
 import torch.multiprocessing
 
-from autokernel import child, contract, gate, results, state, timing
+from autokernel import child, contract, gate, results, sandbox, state, timing
 from autokernel import git as g
 from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 
@@ -88,17 +88,18 @@ def judge(args):
     started = time.monotonic()
     refuse_cuda_without_gpu(args)
     with state.exclusive():
-        recovered = state.recover()
-        if recovered:
-            print(f"note: a bench.py killed mid-run left changes; restored: "
-                  f"{', '.join(recovered) or 'nothing'}")
+        for line in state.recover() or []:
+            print(f"note: {line}")
         facts = preflight(args)
         print(f"kernel: {facts['kernel_rel']}")
         print(f"device: {facts['device']}")
+        sandbox.prune()
+        confinement = sandbox.prepare(facts["kernel"].read_bytes())
         attrs, syntax_error = contract.read_file_attrs(facts["kernel"])
         rows = results.read_rows(facts["results_tsv"])
         snapshot = state.Snapshot.take(facts["results_tsv"])
-        snapshot.save()
+        snapshot.save(results_path=facts["results_tsv"], candidate=facts["kernel"],
+                      crash_row=killed_row(args, facts, attrs, rows))
         state.become_subreaper()
         try:
             outcome = run_children(args, facts, attrs, syntax_error, rows, snapshot)
@@ -110,6 +111,10 @@ def judge(args):
             state.SNAPSHOT_PATH.unlink(missing_ok=True)
         if changed:
             outcome.update(correctness="FAIL", reason=tampered(changed))
+        outcome["sandbox"] = sandbox.describe(confinement)
+        if confinement["abi"] is None:  # the row says its kernel could write anything
+            outcome["reason"] = "; ".join(filter(None, [outcome.get("reason"),
+                                                        f"unconfined ({confinement['why']})"]))
         add_baselines(outcome)
         row = decide(args, facts, outcome, rows)
         print_summary(row, outcome, facts, args, time.monotonic() - started)
@@ -155,6 +160,14 @@ def preflight(args):
                          'orchestrate.py and analysis.py show beside its verdict')
     return {"kernel": kernel, "kernel_rel": kernel_rel, "git_mode": git_mode,
             "results_tsv": results_tsv, "device": device, "sha256": state.digest(kernel.read_bytes())}
+
+
+def killed_row(args, facts, attrs, rows):
+    """The row the next bench.py appends if this one is killed before its verdict
+    (autokernel/state.recover): a CRASH, reverted as any CRASH is in a run that keeps."""
+    row = make_row(facts, fallback_plan(attrs, facts), {"correctness": "CRASH"}, len(rows) + 1,
+                   args.description)
+    return dict(row, status="revert" if facts["git_mode"] and not args.quick else "judged")
 
 
 def refuse_cuda_without_gpu(args):
@@ -280,9 +293,13 @@ class ChildRunner:
         CHILD_LOG.parent.mkdir(parents=True, exist_ok=True)
         if not ChildRunner.started:
             CHILD_LOG.write_text("")
+        self.sandbox = sandbox.prepare(source.encode() if source is not None
+                                       else Path(kernel_path).read_bytes())
         self.proc = ctx.Process(target=child.serve, daemon=False,
-                                args=(child_conn, self.kernel_path, str(CHILD_LOG), source))
-        self.proc.start()
+                                args=(child_conn, self.kernel_path, str(CHILD_LOG), source,
+                                      self.sandbox))
+        with sandbox.spawned_with(self.sandbox):
+            self.proc.start()
         child_conn.close()
         ChildRunner.started.append(self)
         self.hello = None
@@ -656,6 +673,7 @@ def print_summary(row, outcome, facts, args, elapsed):
     print(f"experiment: {row['experiment']}")
     print(f"results: {facts['results_tsv']}")
     print(f"wall_s: {elapsed:.1f}")
+    print(f"sandbox: {outcome['sandbox']}")
     print("verdict: " + verdict(row, outcome, args.quick))
 
 

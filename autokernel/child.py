@@ -27,10 +27,13 @@ judge):
                                          its forward is the kernel_fn of the calls after it
     ("stop",)
 
-What runs here can patch anything in this process (its clocks, json, torch, these functions), so
-the checks below are a courtesy that names the usual mistakes early: a torch compute op called
-from kernel_fn (rejected by a dispatch guard), outputs allocated inside kernel_fn (poisoned, so
-unwritten elements show) and outputs that alias an input. Everything a verdict rests on (values,
+Before the kernel file is imported this process confines itself (autokernel/sandbox.py): it
+writes only its scratch directory and /dev, cannot read the judge's private directory nor signal
+the judge. Within it, what runs here can patch anything in this process (its clocks, json,
+torch, these functions), so the checks below are a courtesy that names the usual mistakes
+early: a torch compute op called from kernel_fn (rejected by a dispatch guard), outputs
+allocated inside kernel_fn (poisoned, so unwritten elements show) and outputs that alias an
+input. Everything a verdict rests on (values,
 shapes, inputs left unmodified, determinism, latency) is judged by the judge.
 """
 import base64
@@ -60,9 +63,10 @@ ALLOWED_OPS = ALLOCATIONS | {
 }
 
 
-def serve(conn, kernel_path, log_path, source=None):
-    """The child's main: detach, import the kernel (source: its text, handed over in memory),
-    answer the judge until told to stop."""
+def serve(conn, kernel_path, log_path, source=None, confinement=None):
+    """The child's main: detach, confine itself (confinement: autokernel/sandbox.prepare's),
+    import the kernel (source: its text, handed over in memory), answer the judge until told
+    to stop."""
     os.setsid()  # own process group: the judge kills the whole group
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)  # the kernel's prints and faulthandler's reports go to the child log,
@@ -71,9 +75,19 @@ def serve(conn, kernel_path, log_path, source=None):
     if sys.platform.startswith("linux"):  # die with the judge (a kernel can undo this: see docs)
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in the log
+    send = lambda msg: conn.send_bytes(json.dumps(msg).encode())  # noqa: E731
+    from autokernel import sandbox
+    try:
+        if confinement is not None:  # before any of the kernel's code runs
+            sandbox.confine(confinement)
+    except sandbox.SandboxError as e:
+        send({"status": "import_failed", "error": f"the sandbox could not confine the kernel's "
+                                                  f"process ({e}); AUTOKERNEL_SANDBOX=off judges "
+                                                  f"it unconfined"})
+        return
+    confined = confinement is not None and confinement["abi"] is not None
     import autokernel.kernel_types  # noqa: F401  (CPU mode: TRITON_INTERPRET before triton)
     from autokernel.contract import load_module, module_attrs
-    send = lambda msg: conn.send_bytes(json.dumps(msg).encode())  # noqa: E731
     try:
         module = load_module(kernel_path, source=source)
     except BaseException as e:  # noqa: B036  (SystemExit from a kernel file is a failure too)
@@ -81,6 +95,7 @@ def serve(conn, kernel_path, log_path, source=None):
         from autokernel.cuda_build import CudaBuildError
         kind = CudaBuildError.kind if isinstance(e, CudaBuildError) else \
             "import error" if isinstance(e, ImportError) else \
+            "the sandbox refused it" if confined and isinstance(e, PermissionError) else \
             f"{type(e).__name__} while importing the kernel file"
         send({"status": "import_failed", "error": f"{kind}: {_line(e)}"})
         return

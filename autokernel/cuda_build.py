@@ -17,9 +17,10 @@ import, outside any timed call:
 
 The source needs no torch headers (it includes <cuda_fp16.h> and the like itself), so it builds in
 seconds and also on a machine without a GPU (the compile-only test). The build goes through
-torch.utils.cpp_extension.load_inline (nvcc, ninja) into workspace/cuda_build/<hash>/, keyed by
-the source, its line in the file and the compile flags: an unchanged kernel is never rebuilt, and
-a killed build leaves only a scratch folder the next build removes. A compile error raises
+torch.utils.cpp_extension.load_inline (nvcc, ninja) into workspace/cuda_build/<hash>/ (under
+bench.py, the kernel's sandbox directory: autokernel/sandbox.py), keyed by the source, its line
+in the file and the compile flags: an unchanged kernel is never rebuilt, and a killed build
+leaves only a scratch folder the next build removes. A compile error raises
 CudaBuildError with one line, nvcc's first error and its line in the kernel file (a #line
 directive maps the source to the file), and saves the full log beside the cache.
 
@@ -47,7 +48,8 @@ from pathlib import Path
 
 from autokernel import ROOT, WORKSPACE
 
-CACHE_DIR = WORKSPACE / "cuda_build"
+# AUTOKERNEL_CUDA_BUILD_DIR: the kernel's sandbox points its builds at its own scratch directory.
+CACHE_DIR = Path(os.environ.get("AUTOKERNEL_CUDA_BUILD_DIR") or WORKSPACE / "cuda_build")
 FLAGS = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
 DEFAULT_ARCH = "90a"  # without a GPU: the H100 the project measures on
 SOURCE_NAME = "CUDA_SRC"  # the file name nvcc reports; errors are mapped back to the kernel file

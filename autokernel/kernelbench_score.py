@@ -73,10 +73,8 @@ def score(problems_dir, solutions_dir, dtype="fp32", timeout=180.0, call_timeout
         log(f"note: {name} matches no problem file; not judged")
     rows = []
     with state.exclusive():  # no bench.py at the same time: timings and the repo stay honest
-        recovered = state.recover()
-        if recovered:
-            log(f"note: a run killed mid-way left changes; restored: "
-                f"{', '.join(recovered) or 'nothing'}")
+        for line in state.recover() or []:
+            log(f"note: {line}")
         state.become_subreaper()
         for i, (name, problem, solution) in enumerate(pairs, start=1):
             started = time.monotonic()
@@ -180,7 +178,7 @@ def run_solution(solution, plan, timeout, call_timeout):
     helpers = set(state.children())
     with tempfile.TemporaryDirectory(prefix="autokernel_kbscore_") as scratch:
         snapshot = state.Snapshot.take(Path(scratch) / "results.tsv")
-    snapshot.save()
+    snapshot.save(candidate=solution)
     try:
         outcome = in_child(bench, solution, plan, timeout, call_timeout, snapshot)
     except bench.ChildGone as e:

@@ -87,6 +87,14 @@ def read_rows(path=RESULTS_TSV, must_exist=False) -> list:
     return rows
 
 
+def commits_named(data: bytes) -> set:
+    """The commits results.tsv's bytes name (its keeps), read leniently: a crash record's copy
+    is checked with it, and a line that does not parse names nothing."""
+    at = COLUMNS.index("commit")
+    lines = csv.reader(data.decode(errors="replace").splitlines()[1:], delimiter="\t")
+    return {fields[at] for fields in lines if len(fields) == len(COLUMNS) and fields[at]}
+
+
 def setting(row) -> tuple:
     """What makes two latencies comparable: the same tag, shape, dtype and device."""
     return tuple(row[c] for c in SETTING_COLUMNS)

@@ -9,8 +9,14 @@ and start processes. bench.py therefore:
     for byte: results.tsv, every tracked file, git's own files (HEAD, refs, index, config, hooks,
     reflogs: all of .git but its objects), the workspace's kernel files and JSON, and it deletes
     untracked files and __pycache__ entries the run created (a planted `json.py` or a forged .pyc
-    would otherwise run inside the next judge). The snapshot is also written to
-    workspace/bench_snapshot.json, so a run killed mid-way is restored by the next one;
+    would otherwise run inside the next judge);
+  * leaves a crash record: the snapshot, with its hash and the row of a killed run, in
+    workspace/judge/ (the judge's private directory: the kernel's sandbox can neither read nor
+    write it). The next bench.py checks it before trusting it (its hash; it holds no row
+    results.tsv lacks; every commit it would put back on the branch is named by one of its
+    rows), restores everything but the candidate (a kernel is never put back as the next file
+    to judge) and appends the killed run's CRASH row. A record that fails its check is set
+    aside, one line says why, and nothing of it is restored;
   * leaves no process behind: bench.py is a child subreaper (Linux), so everything the child
     starts, even in a new session, stays its descendant and `kill_descendants` ends it.
 """
@@ -26,12 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-from autokernel import ROOT, WORKSPACE
-from autokernel.cli import UsageError
+from autokernel import ROOT, WORKSPACE, results
+from autokernel.cli import UsageError, one_line
 from autokernel.git import git
+from autokernel.sandbox import PRIVATE_DIR
 
 LOCK_PATH = WORKSPACE / "bench.lock"
-SNAPSHOT_PATH = WORKSPACE / "bench_snapshot.json"
+SNAPSHOT_PATH = PRIVATE_DIR / "bench_snapshot.json"  # the crash record
+KILLED = "the judge was killed during the run"
 PR_SET_CHILD_SUBREAPER = 36
 SKIP_DIRS = {".git", ".venv", "node_modules", ".triton"}
 
@@ -218,7 +226,7 @@ class Snapshot:
         paths += [str(Path(root) / p) for p in _git_list(root)]
         if Path(workspace).is_dir():
             paths += [str(p) for p in Path(workspace).iterdir()
-                      if p.suffix in (".py", ".json", ".tsv") and p != SNAPSHOT_PATH]
+                      if p.suffix in (".py", ".json", ".tsv")]
         files, absent = {}, []
         for path in dict.fromkeys(paths):
             data = _read(path)
@@ -226,26 +234,42 @@ class Snapshot:
         untracked = _git_list(root, "--others", "--exclude-standard")
         return cls(files, absent, untracked, _pycache_entries(root), root)
 
-    def save(self, path=SNAPSHOT_PATH):
-        """On disk for a run killed before it restores (the next bench.py restores it)."""
-        data = {"root": self.root, "absent": self.absent, "untracked": self.untracked,
-                "pycache": self.pycache,
-                "files": {p: base64.b64encode(b).decode() for p, b in self.files.items()}}
+    def save(self, path=SNAPSHOT_PATH, results_path=None, candidate=None, crash_row=None):
+        """The crash record, for a run killed before it restores: this snapshot, where
+        results.tsv is, the file being judged (never restored) and the row the next bench.py
+        appends for the killed run, under the hash of it all."""
+        head = git("rev-parse", "-q", "--verify", "HEAD", cwd=self.root)
+        body = json.dumps({
+            "root": self.root, "absent": self.absent, "untracked": self.untracked,
+            "pycache": self.pycache,
+            "files": {p: base64.b64encode(b).decode() for p, b in self.files.items()},
+            "head": head.stdout.strip() if head.returncode == 0 else None,
+            "results": str(results_path) if results_path else None,
+            "candidate": str(Path(candidate).resolve()) if candidate else None,
+            "crash_row": crash_row})
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(Path(path).parent, 0o700)
         tmp = Path(str(path) + ".tmp")
-        tmp.write_text(json.dumps(data))
+        tmp.write_text(json.dumps({"sha256": digest(body.encode()), "body": body}))
         tmp.replace(path)
 
     @classmethod
     def load(cls, path=SNAPSHOT_PATH):
-        data = json.loads(Path(path).read_text())
+        """(the snapshot, the record's other fields); ValueError when it is not one."""
+        record = json.loads(Path(path).read_text())
+        if digest(record["body"].encode()) != record["sha256"]:
+            raise ValueError("its hash does not match its contents")
+        data = json.loads(record["body"])
         files = {p: base64.b64decode(b) for p, b in data["files"].items()}
-        return cls(files, data["absent"], data["untracked"], data["pycache"], data["root"])
+        return cls(files, data["absent"], data["untracked"], data["pycache"], data["root"]), data
 
-    def restore(self):
-        """Put everything back; returns what had changed (paths relative to the repo), __pycache__
-        aside."""
+    def restore(self, but=None):
+        """Put everything back (but the file `but`); returns what had changed (paths relative
+        to the repo), __pycache__ aside."""
         changed = []
         for path, data in self.files.items():  # .git's own files first: git runs below
+            if path == but:
+                continue
             if _read(path) != data:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(path + ".autokernel-restore")
@@ -259,12 +283,12 @@ class Snapshot:
                 os.unlink(path)
                 changed.append(path)
         for path in self.absent:
-            if os.path.lexists(path) and not path.startswith(gitdir + os.sep):
+            if os.path.lexists(path) and not path.startswith(gitdir + os.sep) and path != but:
                 os.unlink(path)
                 changed.append(path)
         before = set(self.untracked)
         for rel in _git_list(self.root, "--others", "--exclude-standard"):
-            if rel not in before:
+            if rel not in before and str(Path(self.root) / rel) != but:
                 os.unlink(Path(self.root) / rel)
                 changed.append(str(Path(self.root) / rel))
         for path, stat in _pycache_entries(self.root).items():
@@ -283,16 +307,87 @@ def _rel(path, root):
 
 
 def recover(path=SNAPSHOT_PATH):
-    """A snapshot left by a bench.py killed mid-run: restore it. Returns what changed, or None."""
+    """The crash record of a bench.py killed mid-run: checked, restored but for its candidate,
+    and its CRASH row appended. Returns the lines to show (None when there is no record)."""
     if not Path(path).exists():
         return None
     try:
-        changed = Snapshot.load(path).restore()
-    except (ValueError, KeyError, OSError) as e:
-        raise UsageError(f"{path} (left by a killed bench.py) cannot be read ({e}); check the "
-                         f"repo with `git status`, then delete it")
-    Path(path).unlink()
-    return changed
+        snapshot, data = Snapshot.load(path)
+        refused = untrusted(snapshot, data)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        snapshot, data, refused = None, {}, f"it cannot be read ({one_line(e)})"
+    if refused:
+        aside = Path(path).with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}.json")
+        Path(path).replace(aside)
+        lines = [f"the crash record of a killed bench.py is refused and not applied: {refused} "
+                 f"(kept as {_rel(aside, ROOT)}; check the repo with `git status`)"]
+    else:
+        changed = snapshot.restore(but=data.get("candidate"))
+        Path(path).unlink()
+        lines = [f"a bench.py killed mid-run left changes; restored: "
+                 f"{', '.join(changed) or 'nothing'}"]
+    row, where = data.get("crash_row"), data.get("results")
+    if isinstance(row, dict) and where:
+        try:
+            rows = results.read_rows(where)
+            results.append_row(crash_row(row, len(rows) + 1), where)
+            lines.append(f"experiment {len(rows) + 1} recorded as CRASH: {KILLED}")
+        except (UsageError, OSError) as e:
+            lines.append(f"the killed run's CRASH row was not recorded ({one_line(e)})")
+    return lines
+
+
+def crash_row(row, experiment):
+    """The killed run's row, from what its record says about the run (nothing it may claim
+    about an outcome: no time, no keep)."""
+    said = {k: row.get(k, "") for k in ("tag", "kernel_type", "description", "timestamp",
+                                         "shape", "dtype", "device", "kernel_sha256")}
+    return dict(said, experiment=experiment, correctness="CRASH", reason=KILLED,
+                status="revert" if row.get("status") == "revert" else "judged")
+
+
+def untrusted(snapshot, data):
+    """Why a crash record must not be applied, or None. Whoever wrote it, it may only take the
+    night back: it holds no row results.tsv lacks, and every commit it would put back on the
+    branch is one its rows name (a keep)."""
+    if Path(snapshot.root).resolve() != ROOT.resolve():
+        return f"it is another repo's ({snapshot.root})"
+    where = data.get("results")
+    if where:
+        held, now = snapshot.files.get(where, b""), _read(where) or b""
+        if not now.startswith(held):
+            return f"it holds rows {_rel(where, ROOT)} does not have"
+        kept = results.commits_named(held)
+    else:
+        kept = set()
+    head = data.get("head")
+    if head:
+        if git("cat-file", "-e", f"{head}^{{commit}}", cwd=snapshot.root).returncode != 0:
+            return f"its HEAD {head[:12]} is not a commit"
+        if _head_of(snapshot) != head:
+            return "its HEAD disagrees with the refs it holds"
+        ahead = git("rev-list", head, "--not", "HEAD", cwd=snapshot.root).stdout.split()
+        unnamed = [c for c in ahead if not any(c.startswith(k) for k in kept)]
+        if unnamed:
+            return f"it would put commit {unnamed[0][:12]} on the branch, which no row names"
+    return None
+
+
+def _head_of(snapshot):
+    """The commit the snapshot's .git/HEAD leads to (through its refs), or None."""
+    gitdir = Path(snapshot.root) / ".git"
+    text = (snapshot.files.get(str(gitdir / "HEAD")) or b"").decode(errors="replace").strip()
+    if not text.startswith("ref: "):
+        return text or None
+    ref = text[5:]
+    loose = snapshot.files.get(str(gitdir / ref))
+    if loose:
+        return loose.decode(errors="replace").strip()
+    for line in (snapshot.files.get(str(gitdir / "packed-refs")) or b"").decode().splitlines():
+        sha, _, name = line.partition(" ")
+        if name == ref:
+            return sha
+    return None
 
 
 def digest(data: bytes) -> str:

@@ -455,10 +455,13 @@ ATTACK_CASES = {  # judged in a fresh repo, like the planted kernels
     "skips_timed_calls": ([], "FAIL", "behaves differently when timed"),
 }
 TAMPERING = ["wipes_results", "moves_branch", "edits_every_file", "plants_modules"]
+# The kernel's sandbox refuses these writes (tests/test_sandbox.py); here it is off, so the
+# judge's second line of defence, snapshot and restore, meets the tampering itself.
+UNCONFINED = dict(GIT_ENV, AUTOKERNEL_SANDBOX="off")
 
 
 def tampering_scenario(root):
-    """A kept kernel, then each tampering attack in turn in the same repo."""
+    """A kept kernel, then each tampering attack in turn in the same repo, unconfined."""
     repo = make_repo(root / "tampering")
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))  # a keep of its own commit
     kept = run_bench(repo, "-m", "the kept version")
@@ -468,7 +471,7 @@ def tampering_scenario(root):
     attacks = {}
     for name in TAMPERING:
         shutil.copy(ATTACKS / f"{name}.py", repo / "kernel.py")
-        run = run_bench(repo, "-m", f"attack {name}")
+        run = run_bench(repo, "-m", f"attack {name}", env=UNCONFINED)
         attacks[name] = {"run": run, **snapshot(repo), "head": git(repo, "rev-parse", "HEAD"),
                          "branch": git(repo, "branch", "--show-current"),
                          "results_text": (repo / "results.tsv").read_text(),
@@ -514,9 +517,9 @@ def planted_files(repo):
 def orphan_scenario(root):
     repo = make_repo(root / "orphan")
     shutil.copy(ATTACKS / "leaves_a_process.py", repo / "kernel.py")
-    pidfile = root / "orphan.pid"
-    run = run_bench(repo, "--no-git", env=dict(GIT_ENV, AUTOKERNEL_TEST_PIDFILE=str(pidfile)))
-    pid = int(pidfile.read_text())
+    run = run_bench(repo, "--no-git")
+    log = (repo / "workspace" / "bench_child.log").read_text()  # the kernel prints its pid
+    pid = int(log.split("leaves_a_process pid ")[1].split()[0])
     return {"run": run, "pid": pid, "alive": pid_alive(pid)}
 
 
@@ -763,7 +766,7 @@ def test_the_floor_is_the_idle_kernels_median_window_in_the_same_rounds(monkeypa
 
 STOPPED_CHILD = ("import subprocess\n"
                  "_p = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
-                 "open({pidfile!r}, 'w').write(str(_p.pid))\n"
+                 "print('grandchild', _p.pid, flush=True)  # to the child log\n"
                  "def kernel_fn(x):\n    return x.clone()\n")
 
 
@@ -779,13 +782,13 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
         while state(pid) == "T" and time.monotonic() < deadline:
             time.sleep(0.001)
         return state(pid) != "T"
-    pidfile = tmp_path / "grandchild.pid"
+    grandchild = None
     timed = bench.ChildRunner(bench.IDLE_KERNEL, time.monotonic() + 300, 300)
     other = bench.ChildRunner(tmp_path / "escapes.py", time.monotonic() + 300, 300,
-                              source=STOPPED_CHILD.format(pidfile=str(pidfile)))
+                              source=STOPPED_CHILD)
     try:
         assert timed.start()["status"] == "loaded" and other.start()["status"] == "loaded"
-        grandchild = int(pidfile.read_text())
+        grandchild = int(bench.CHILD_LOG.read_text().split("grandchild ")[1].split()[0])
         with timed.alone():
             assert state(other.proc.pid) == "T" and state(grandchild) == "T"
             assert state(timed.proc.pid) != "T"
@@ -796,8 +799,8 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
         for runner in (timed, other):
             runner.stop()
             bench.ChildRunner.started.remove(runner)
-        if pidfile.exists():
-            os.kill(int(pidfile.read_text()), 9)
+        if grandchild:
+            os.kill(grandchild, 9)
 
 
 # ---- the judge's reading of a child's output descriptions -----------------------------------

@@ -1,12 +1,9 @@
 """Attack: start a process in its own session at import (it would outlive the verdict and could
-edit the repo later). Its pid goes to $AUTOKERNEL_TEST_PIDFILE so the test can look for it."""
-import os
+edit the repo later). Its pid goes to the child log (its stdout) so the test can look for it."""
 import subprocess
 
 _proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
-if os.environ.get("AUTOKERNEL_TEST_PIDFILE"):
-    with open(os.environ["AUTOKERNEL_TEST_PIDFILE"], "w") as _f:
-        _f.write(str(_proc.pid))
+print(f"leaves_a_process pid {_proc.pid}", flush=True)
 
 
 KERNEL_TYPE = "reduce"

@@ -2,7 +2,8 @@
 import subprocess
 from pathlib import Path
 
-subprocess.run(["git", "reset", "-q", "--soft", "HEAD~1"], cwd=Path(__file__).resolve().parent)
+subprocess.run(["git", "reset", "-q", "--soft", "HEAD~1"], cwd=Path(__file__).resolve().parent,
+               check=True)
 
 KERNEL_TYPE = "reduce"
 BENCH_SHAPES = [(4, 256)]
