@@ -73,8 +73,8 @@ def score(problems_dir, solutions_dir, dtype="fp32", timeout=180.0, call_timeout
         log(f"note: {name} matches no problem file; not judged")
     rows = []
     with state.exclusive():  # no bench.py at the same time: timings and the repo stay honest
-        for line in state.recover() or []:
-            log(f"note: {line}")
+        for note in state.recover() or []:
+            log(f"note: {note}")
         state.become_subreaper()
         for i, (name, problem, solution) in enumerate(pairs, start=1):
             started = time.monotonic()
