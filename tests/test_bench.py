@@ -696,9 +696,22 @@ def test_the_wall_clock_limit_counts_the_judges_own_work():
         bench.ChildRunner.started.remove(runner)
 
 
+class FakeClock:
+    """The judge's clock for tests: it moves only when a FakeRunner's window says so, so the
+    arithmetic of paired_rounds is checked exactly, whatever the machine's load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
 class FakeRunner:
-    """An in-process runner for timing.paired_rounds: correct outputs, `sleep_s` a window, every
-    window logged by name; fail_at: the window number that raises."""
+    """An in-process runner for timing.paired_rounds: correct outputs, a window that takes
+    `sleep_s` on the fake clock (`clock`, a FakeClock patched into timing), every window logged by
+    name; fail_at: the window number that raises."""
+    clock = None
 
     def __init__(self, name, log, case, sleep_s, fail_at=None):
         self.name, self.log, self.case, self.sleep_s, self.fail_at = name, log, case, sleep_s, \
@@ -714,12 +727,11 @@ class FakeRunner:
         return {"status": "armed", "graph": False}
 
     def window(self):
-        import time
         self.windows += 1
         self.log.append(self.name)
         if self.windows == self.fail_at:
             return {"status": "raised", "error": "RuntimeError: planted"}
-        time.sleep(self.sleep_s)
+        self.clock.now += self.sleep_s
         for inputs, slot in zip(self.sets, self.slots):
             slot.copy_(self.case.reference(inputs))
         return {"status": "windowed"}
@@ -739,6 +751,8 @@ def test_the_floor_is_the_idle_kernels_median_window_in_the_same_rounds(monkeypa
     monkeypatch.setattr(timing, "ROUNDS", 3)
     monkeypatch.setattr(timing, "WARMUP_ROUNDS", 0)
     monkeypatch.setattr(timing, "WINDOWS_PER_ROUND", 1)
+    monkeypatch.setattr(FakeRunner, "clock", FakeClock())
+    monkeypatch.setattr(timing, "time", FakeRunner.clock)
     log = []
     cand = FakeRunner("candidate", log, case, 0.030)
     kept = FakeRunner("kept", log, case, 0.045)
@@ -747,17 +761,17 @@ def test_the_floor_is_the_idle_kernels_median_window_in_the_same_rounds(monkeypa
     # per rewrite: the settling idle window, then all three in an order that turns
     assert log == ["idle", "candidate", "kept", "idle", "idle", "kept", "idle", "candidate",
                    "idle", "idle", "candidate", "kept"]
-    assert idle.stopped and got["floor_why"] == "" and 8_000 < got["floor_us"] < 20_000
+    assert idle.stopped and got["floor_why"] == "" and got["floor_us"] == pytest.approx(10_000)
     n = got["sets"]
-    for name, sleep_s in (("candidate", 0.030), ("kept", 0.045)):
+    for name, window_s in (("candidate", 0.030), ("kept", 0.045)):
         for us in got[name]:  # (window - floor) / calls
-            assert (sleep_s - 0.010) * 1e6 / n * 0.8 < us < (sleep_s - 0.008) * 1e6 / n * 1.3
+            assert us == pytest.approx((window_s - 0.010) * 1e6 / n)
 
     log.clear()
     dies = FakeRunner("idle", log, timing.idle_case(), 0.010, fail_at=3)
     got = timing.paired_rounds(cand, None, case, lambda: dies)
     assert got["floor_us"] == 0 and "the idle kernel failed" in got["floor_why"] and dies.stopped
-    assert len(got["candidate"]) == 3 and min(got["candidate"]) > 0.028 * 1e6 / got["sets"]
+    assert got["candidate"] == pytest.approx([0.030 * 1e6 / got["sets"]] * 3)
     assert timing.paired_rounds(cand, None, case, None)["floor_why"] == "no idle kernel"
 
 

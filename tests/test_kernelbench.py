@@ -168,11 +168,15 @@ def test_the_limit_bounds_the_judges_own_work_too(monkeypatch):
     import time
     problem = PROBLEMS / "1_softmax.py"
     monkeypatch.setattr(kernelbench_score, "GRACE_S", 0.0)
-    monkeypatch.setattr(kernelbench_score, "run_solution", lambda *a: time.sleep(30))
-    started = time.monotonic()
+    finished = []
+
+    def busy_judge(*args):
+        time.sleep(600)
+        finished.append(True)
+    monkeypatch.setattr(kernelbench_score, "run_solution", busy_judge)
     row = kernelbench_score.judge("1_softmax", problem, SOLUTIONS / "1_softmax.py", "fp32",
                                   1.0, None, "none")
-    assert time.monotonic() - started < 15
+    assert not finished, "the judge waited for its own work past the limit"
     assert row["verdict"] == "error" and "exceeded the 1 s wall-clock limit" in row["reason"]
 
 
