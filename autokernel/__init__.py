@@ -14,6 +14,9 @@ sys.modules here. Everything else lives in a module with one job:
     gate          the five stages (the judge)        child      the untrusted kernel process
     timing        paired rounds, the judge's clock   state      lock, snapshot/restore, reaping
     regate        the morning re-check               swap       how a kernel gets into a model
+    kernel_call   a kernel file as a checked call    weight_cache  the matmul's weight copies
+    patching      torch calls with a rule's handler in front, undone after the block
+    swap_torch, swap_modules, swap_hf  the swap rules: torch calls, modules, transformers
     endtoend      running and timing whole models    recognize  which kernel type an op is
     patterns      which kernel type a computation in the captured graph is, whoever wrote it
     night         per-kernel stats, Amdahl            gpus       datasheet peaks; is_rocm()
