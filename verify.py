@@ -131,8 +131,10 @@ from autokernel.contract import (KernelFileError, check_module, is_cuda_kernel, 
                                  read_file_attrs, tag_of)
 from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
                                  forward, interleaved, model_dtype, sync, time_forward)
+from autokernel.kernel_call import Kernel, KernelFailure
 from autokernel.results import read_rows, rel
-from autokernel.swap import Kernel, KernelFailure, Swap, WeightCache, pluggable_types
+from autokernel.swap import Swap, pluggable_types
+from autokernel.weight_cache import WeightCache
 from autokernel.workspace import plan_kernels, read_plan, recorded_model_args, write_json
 from models.load import MODEL_FLAGS, ModelError, add_model_args, check_model_args, load_model
 

@@ -14,8 +14,13 @@ sys.modules here. Everything else lives in a module with one job:
     gate          the five stages (the judge)        child      the untrusted kernel process
     timing        paired rounds, the judge's clock   state      lock, snapshot/restore, reaping
     regate        the morning re-check               swap       how a kernel gets into a model
+    kernel_call   a kernel file as a checked call    weight_cache  the matmul's weight copies
+    patching      torch calls with a rule's handler in front, undone after the block
+    swap_torch, swap_modules, swap_hf  the swap rules: torch calls, modules, transformers
     endtoend      running and timing whole models    recognize  which kernel type an op is
-    patterns      which kernel type a computation in the captured graph is, whoever wrote it
+    graph_capture which kernel type a computation in the captured graph is, whoever wrote it:
+                  patterns(_rotary) spell the types, matches picks the blocks, fx_vocabulary
+                  names the graph's ops, mask_values evaluates masks
     night         per-kernel stats, Amdahl            gpus       datasheet peaks; is_rocm()
     ops           a kernel file as a torch custom op  cuda_build CUDA C++ sources compiled
     export        the package export.py writes        kernelbench(_score, _setup) KernelBench

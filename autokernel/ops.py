@@ -40,7 +40,8 @@ ARG_TYPES = {"bias": Optional[torch.Tensor], "weight": Optional[torch.Tensor], "
 # How many op bodies (real, fake or backward) run right now. While one does, the swap's patched
 # torch entry points pass straight through: the kernel's own torch calls and the reference's
 # must not be intercepted, and under torch.compile the swap's own `busy` flag is only set in the
-# traced program, not while the op runs. A one-element list, read cheaply by swap.py's closures.
+# traced program, not while the op runs. A one-element list, read cheaply by the closures of
+# autokernel/patching.py.
 RUNNING = [0]
 
 _ops = {}    # op name -> its OpOverload (torch.ops.autokernel.<name>.default)

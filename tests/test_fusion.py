@@ -11,7 +11,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import verify
 from autokernel import fusion
-from autokernel.swap import KernelOp, Swap
+from autokernel.kernel_call import KernelOp
+from autokernel.swap import Swap
 
 ROOT = Path(__file__).resolve().parent.parent
 aten = torch.ops.aten

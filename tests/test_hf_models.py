@@ -142,7 +142,8 @@ def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     the first projection and its GELU are one matmul call with the activation in the kernel;
     the model's outputs still match."""
     import reference
-    from autokernel.swap import Kernel, Swap
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
     model = build_or_ours(name)
     seen = []
 
@@ -192,7 +193,8 @@ def test_attention_takes_the_projections_views_without_a_copy(name):
     Either way each arrives as rows of positions seen through .transpose(1, 2), and the swap
     hands the kernel those views (no copy: the layout the contract's "bshd" variant gates)."""
     import reference
-    from autokernel.swap import Kernel, Swap
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
     model = build_or_ours(name)
     seen = []
 

@@ -18,7 +18,9 @@ import autokernel
 import verify
 from autokernel import ops
 from autokernel.endtoend import checked_forward, compare_runs, forward
-from autokernel.swap import KernelFailure, Swap, WeightCache
+from autokernel.kernel_call import KernelFailure
+from autokernel.swap import Swap
+from autokernel.weight_cache import WeightCache
 from models import custom
 
 KDIR = Path(__file__).resolve().parent / "kernels_for_verify"

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import autokernel
 import verify
 from autokernel.endtoend import forward
-from autokernel.swap import SWAP_RULES, Swap, _hits_ignore_index
+from autokernel.swap import SWAP_RULES, Swap
+from autokernel.swap_torch import _hits_ignore_index
 from models import llama
 
 KDIR = Path(__file__).resolve().parent / "kernels_for_verify"

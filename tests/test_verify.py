@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import verify
 import autokernel
-from autokernel.swap import WeightCache
+from autokernel.weight_cache import WeightCache
 from models import bert, custom, gpt2, llama
 
 ROOT = Path(__file__).resolve().parent.parent
