@@ -286,13 +286,13 @@ def test_verify_refuses_cuda_kernels_before_regating_them():
 
 
 def test_bench_refusal_covers_kernel_files_too():
-    import bench
+    from autokernel import experiment
     if autokernel.CUDA:
         pytest.skip("a GPU is present: bench.py judges CUDA kernels here")
     with pytest.raises(UsageError, match="softmax.py is a CUDA C.. kernel"):
-        bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
-    bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
-                                                                "softmax.py")))
+        experiment.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
+    experiment.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
+                                                                     "softmax.py")))
 
 
 def test_extract_writes_cuda_starters_with_real_shapes(tmp_path, capsys):

@@ -210,10 +210,9 @@ def test_the_tests_write_to_a_workspace_of_their_own():
     """A test run never touches a night's files: the session's workspace is a temporary folder
     (tests/conftest.py sets AUTOKERNEL_WORKSPACE for this process), and the paths the scripts
     write follow it."""
-    import bench
-    from autokernel import state
+    from autokernel import judge, state
     real = autokernel.ROOT / "workspace"
     assert autokernel.WORKSPACE != real and "AUTOKERNEL_WORKSPACE" not in os.environ
     for path in (autokernel.PREPARE_JSON, autokernel.PROFILE_JSON, autokernel.PLAN_JSON,
-                 autokernel.VERIFY_JSON, bench.CHILD_LOG, state.SNAPSHOT_PATH):
+                 autokernel.VERIFY_JSON, judge.CHILD_LOG, state.SNAPSHOT_PATH):
         assert path.is_relative_to(autokernel.WORKSPACE), path
