@@ -13,6 +13,7 @@ sys.modules here. Everything else lives in a module with one job:
     workspace     profile.json, plan.json, ...      baselines  prepare.json: ceilings, baselines
     gate          the five stages (the judge)        child      the untrusted kernel process
     judge         that process seen from the judge   experiment one bench.py run, its row
+    kinds         the kinds of problem the judge asks about (kernel types, KernelBench)
     timing        paired rounds, the judge's clock   state      lock, snapshot/restore, reaping
     regate        the morning re-check               swap       how a kernel gets into a model
     endtoend      running and timing whole models    recognize  which kernel type an op is

@@ -5,14 +5,13 @@ results.tsv, and the summary printed as `key: value` lines, the verdict last. be
 docstring says what a run does and what its exit codes mean.
 """
 import datetime
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 import autokernel as ak
-from autokernel import contract, gate, results, state
+from autokernel import contract, gate, kinds, results, state
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
 from autokernel.judge import (CHILD_LOG, COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
@@ -129,16 +128,11 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
         if hello["status"] == "import_failed":
             return dict(outcome, reason=hello["error"])
         try:
-            plan = contract.plan({**attrs, **hello.get("attrs", {})})
-            if plan["kernel_type"] == "kernelbench":
-                if not hello.get("has_model_new"):
-                    raise contract.KernelFileError("kernel file defines no ModelNew class; it "
-                                                   "must take Model's init arguments and "
-                                                   "compute Model's forward")
-            elif not hello.get("has_kernel_fn"):
-                raise contract.KernelFileError("kernel file defines no kernel_fn(...); it must "
-                                               "take the reference's tensors by name and return "
-                                               "a new tensor")
+            plan = kinds.plan({**attrs, **hello.get("attrs", {})})
+            kind = kinds.of(plan["kernel_type"])
+            missing = kind.missing_entry(hello)
+            if missing:
+                raise contract.KernelFileError(missing)
         except contract.KernelFileError as e:
             return dict(outcome, reason=str(e))
         outcome["plan"] = plan
@@ -150,7 +144,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
                 kept = ChildRunner(KEPT_NAME, deadline, args.timeout, source=kept_source)
             candidate.at(stage, where)
         checked = gate.check(candidate, plan, quick=args.quick, on_stage=on_stage,
-                             log=lambda line: print(line, flush=True))
+                             log=lambda line: print(line, flush=True), judge_class=kind.judge)
         outcome.update(checked)
         if checked["correctness"] == "PASS":
             if kept is not None and (kept_hello := kept.start(startup_s))["status"] != "loaded":
@@ -164,7 +158,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
 def fallback_plan(attrs, facts):
     """What a row can say about a kernel that never got as far as its plan."""
     try:
-        return contract.plan(attrs)
+        return kinds.plan(attrs)
     except contract.KernelFileError:
         return {"tag": contract.tag_of(attrs) or Path(facts["kernel"]).stem,
                 "kernel_type": str(attrs.get("KERNEL_TYPE") or ""), "shape_str": "", "dtype": ""}
@@ -178,7 +172,7 @@ def kept_version(args, facts, attrs, rows):
     if not facts["git_mode"] or args.quick:
         return None, None
     try:
-        plan = contract.plan(attrs)
+        plan = kinds.plan(attrs)
     except contract.KernelFileError:
         return None, None
     best = results.best_kept(rows, (plan["tag"], plan["shape_str"], plan["dtype"],
@@ -188,44 +182,12 @@ def kept_version(args, facts, attrs, rows):
 
 
 def add_baselines(outcome):
-    """Roofline and speedups from prepare.py's measured ceilings and baseline times (read after
-    the children are gone: a new shape's baseline is timed here and cached)."""
+    """Roofline and speedups, from the plan's kind (read after the children are gone: a new
+    shape's baseline is timed here and cached)."""
     if outcome.get("correctness") != "PASS" or outcome.get("latency_us") is None:
         return
     plan = outcome["plan"]
-    if plan["kernel_type"] == "kernelbench":  # the problem's Model, eager and compiled
-        from autokernel import kernelbench
-        outcome.update(kernelbench.speedups(plan, outcome["latency_us"]))
-        return
-    ktype, shape, dtype = ak.KERNEL_TYPES[plan["kernel_type"]], tuple(plan["shape"]), \
-        ak.DTYPES[plan["dtype"]]
-    ceilings, baselines = {}, {}
-    try:
-        from autokernel import baselines as base
-        ceilings = base.load_ceilings()
-        # Where timings mean little (the CPU), eager is timed again now, beside the kernel: a
-        # cached CPU time may come from a busy moment and would skew every later speedup.
-        fresh = not ak.TIMING_MEANINGFUL
-        baselines = base.baseline_times(ktype, shape, dtype, variant=plan.get("variant"),
-                                        force=fresh, log=(lambda m: None) if fresh else None)
-    except Exception as e:  # a broken cache costs the speedups, not the verdict
-        print(f"note: baselines unavailable ({one_line(e)})", file=sys.stderr)
-    tflops = (ceilings.get("tflops") or {}).get(plan["dtype"])
-    latency = outcome["latency_us"]
-    roof = ak.roofline(ktype, shape, dtype, latency,
-                       {"bandwidth_gb_s": ceilings.get("bandwidth_gb_s"), "tflops": tflops},
-                       plan.get("variant"))
-    spec = ceilings.get("spec") or {}
-    eager, compiled = baselines.get("eager_us"), baselines.get("compile_us")
-    outcome.update(roof, bound=ktype.bound, ceiling_bandwidth_gb_s=ceilings.get("bandwidth_gb_s"),
-                   ceiling_tflops=tflops, datasheet_bandwidth_gb_s=spec.get("bandwidth_gb_s"),
-                   datasheet_tflops=spec.get("fp16_tflops") if plan["dtype"] != "fp32" else None,
-                   eager_us=eager, compile_us=compiled, library=baselines.get("library"),
-                   library_us=baselines.get("library_us"),
-                   speedup_vs_pytorch=eager / latency if eager else None,
-                   speedup_vs_compile=compiled / latency if compiled else None)
-    if outcome["pct_peak"] != outcome["pct_peak"]:  # NaN: no ceilings (CPU, or no prepare.py)
-        outcome["pct_peak"] = None
+    outcome.update(kinds.of(plan["kernel_type"]).baselines(plan, outcome["latency_us"]))
 
 
 # ---- keep or revert, and the row ------------------------------------------------------------

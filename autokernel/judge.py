@@ -6,7 +6,7 @@ KernelBench scorer (autokernel/kernelbench_score.py) both run.
                   replies are JSON, every wait has a limit; ChildGone when it times out or dies
     measure       paired rounds against the kept version on the judge's clock
                   (autokernel/timing.py), the child's own report cross-checked against it
-    timing_case   what the timing runs on: fresh inputs of the plan's shape and dtype, the oracle
+    timing_case   what the timing runs on (the plan's kind says: autokernel/kinds.py)
 
 Nothing the child says is trusted: it gets inputs and output buffers and answers in JSON; the
 verdicts are computed here (autokernel/gate.py, autokernel/timing.py).
@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing
 
 import autokernel as ak
-from autokernel import child, results, state, timing
+from autokernel import child, kinds, results, state, timing
 from autokernel.cli import one_line
 
 STARTUP_LIMIT_S = 60 if ak.CUDA else 180  # a child importing torch and the kernel file
@@ -251,10 +251,7 @@ def start_idle():
 
 
 def timing_case(candidate, kept, plan):
-    """What the timing runs on (a timing.Case): fresh inputs of the plan's primary shape and
-    dtype from any seed, the oracle, and the tolerance test."""
-    if plan["kernel_type"] == "kernelbench":
-        from autokernel import kernelbench
-        return kernelbench.timing_case(plan, [r for r in (candidate, kept) if r is not None])
-    return timing.kernel_case(ak.KERNEL_TYPES[plan["kernel_type"]], tuple(plan["shape"]),
-                              ak.DTYPES[plan["dtype"]], plan.get("variant"))
+    """What the timing runs on (a timing.Case), from the plan's kind: fresh inputs of its
+    primary shape and dtype from any seed, the oracle, and the tolerance test."""
+    runners = [r for r in (candidate, kept) if r is not None]
+    return kinds.of(plan["kernel_type"]).timing_case(plan, runners)

@@ -210,7 +210,8 @@ def in_child(solution, plan, timeout, call_timeout, snapshot):
         return dict(outcome, reason=hello["error"], unjudged=True)
     if not hello.get("has_model_new"):
         return dict(outcome, reason="the solution defines no ModelNew class", unjudged=True)
-    outcome.update(gate.check(runner, plan, on_stage=runner.at, log=outcome["log"].append))
+    outcome.update(gate.check(runner, plan, on_stage=runner.at, log=outcome["log"].append,
+                              judge_class=kernelbench.ProblemJudge))
     if outcome["correctness"] == "PASS":
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the table's
             outcome.update(measure(runner, None, plan))

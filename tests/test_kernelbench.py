@@ -45,7 +45,8 @@ def judge(problem, solution, **extra):
     """The gate's verdict on a solution file, judged in this process."""
     plan = kernelbench.plan(attrs(problem, **extra))
     lines = []
-    result = gate.check(Runner(None, load_module(solution).ModelNew), plan, log=lines.append)
+    result = gate.check(Runner(None, load_module(solution).ModelNew), plan, log=lines.append,
+                        judge_class=kernelbench.ProblemJudge)
     return result, lines
 
 
@@ -216,7 +217,8 @@ def test_setup_starts_from_model_renamed_and_the_gate_refuses_its_torch_ops(tmp_
     kernel.write_text(text)
     plan = kernelbench.plan(read_attrs(text)[0])
     assert plan["tag"] == "kb_1_softmax"
-    result = gate.check(Runner(None, load_module(kernel).ModelNew), plan)
+    result = gate.check(Runner(None, load_module(kernel).ModelNew), plan,
+                        judge_class=kernelbench.ProblemJudge)
     assert "called torch compute op aten._softmax" in result["reason"]
 
 
