@@ -49,7 +49,7 @@ TEMPLATE = Path(__file__).resolve().parent / "export_template"
 TEMPLATE_FILES = ("__init__.py", "kernel_types.py", "smoke_test.py", "README.md")
 # AutoKernel modules the package carries: its module name -> the file copied.
 RUNTIME = {"swap": "autokernel/swap.py", "ops": "autokernel/ops.py", "cli": "autokernel/cli.py",
-           "recognize": "autokernel/recognize.py", "reference": "reference.py",
+           "recognize": "autokernel/recognize.py", "reference": "autokernel/reference.py",
            "computed": "autokernel/computed.py", "patterns": "autokernel/patterns.py",
            "fusion": "autokernel/fusion.py"}
 SHIM = "kernel_types"  # the package's stand-in for every other name of AutoKernel

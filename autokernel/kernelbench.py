@@ -93,7 +93,7 @@ def judged_dtypes():
 
 class Problem:
     """A KernelBench problem file, imported in the judge's process: it is the user's oracle,
-    trusted like reference.py (the solution never runs here)."""
+    trusted like autokernel/reference.py (the solution never runs here)."""
 
     def __init__(self, path):
         self.path = Path(path).resolve()

@@ -1,6 +1,6 @@
 """
 The kinds of problem the judge knows. A kernel file's KERNEL_TYPE names its kind: one of the
-table's kernel types (kernel_fn against reference.py's float64 oracle, this module) or
+table's kernel types (kernel_fn against autokernel/reference.py's float64 oracle, this module) or
 "kernelbench" (ModelNew against a KernelBench problem's Model, autokernel/kernelbench.py). The
 judge (autokernel/experiment.py, autokernel/judge.py, autokernel/gate.py) asks the kind and never
 branches on it:

@@ -376,7 +376,7 @@ def pluggable_types(model, forward, types=None):
     recognized but no swap rule reaches (attention written out as matmul-softmax-matmul, say)
     is absent. The answer depends on the set: a type can take a call site from another (with
     qkv_rotary in, a LLaMA attention layer's rotation is no longer rotary_embedding's)."""
-    import reference
+    from autokernel import reference
     types = [t for t in autokernel.KERNEL_TYPE_NAMES if types is None or t in types]
     stand_ins = [Kernel(t, t, Path(reference.__file__), getattr(reference, f"{t}_eager"))
                  for t in types]
@@ -879,7 +879,7 @@ def _qkv_attention(qkv_fn, x, wq, wk, wv, wo, D):
 def _attention_mismatch(layer, names):
     """None when the layer's forward(x) is _qkv_attention on a probe input (a random copy of the
     layer: _random_copy), else why not. names: its q/k/v/o projections' attributes."""
-    import reference
+    from autokernel import reference
     gen = torch.Generator().manual_seed(0)
     module = _random_copy(layer, gen)
     wq, wk, wv, wo = (getattr(module, a) for a in names)
@@ -1182,7 +1182,7 @@ def _hf_qkv_mismatch(layer, owner):
     not."""
     import types
 
-    import reference
+    from autokernel import reference
     gen = torch.Generator().manual_seed(0)
     module = _random_copy(layer, gen)
     found = _hf_projections(module)

@@ -35,7 +35,7 @@ from autokernel.results import COLUMNS, read_rows
 PLANTED = Path(__file__).resolve().parent / "planted"
 GOOD = PLANTED / "good_reduce.py"
 ATTACKS = Path(__file__).resolve().parent / "attacks"
-REPO_FILES = ["bench.py", "reference.py", ".gitignore"]
+REPO_FILES = ["bench.py", ".gitignore"]
 # Hermetic git: no user/system config (hooks, signing), a fixed identity.
 GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
                GIT_AUTHOR_NAME="bench test", GIT_AUTHOR_EMAIL="bench@test",
@@ -162,7 +162,7 @@ def no_git_scenario(root):
 
 def dirty_reference_scenario(root):
     repo = make_repo(root / "dirty_reference")
-    with open(repo / "reference.py", "a") as f:
+    with open(repo / "autokernel" / "reference.py", "a") as f:
         f.write("\n# an agent 'fixed' the oracle\n")
     shutil.copy(PLANTED / "wrong_dtype.py", repo / "kernel.py")
     run = run_bench(repo)

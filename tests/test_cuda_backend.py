@@ -249,7 +249,7 @@ def test_contract_takes_the_cuda_backend():
 def test_bench_refuses_a_cuda_kernel_in_one_line_and_changes_nothing(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("bench.py", "reference.py", ".gitignore"):
+    for name in ("bench.py", ".gitignore"):
         shutil.copy(autokernel.ROOT / name, repo / name)
     for folder in ("autokernel", "kernels"):
         shutil.copytree(autokernel.ROOT / folder, repo / folder,

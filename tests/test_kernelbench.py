@@ -236,7 +236,7 @@ def test_setup_from_a_solution_replaces_an_earlier_contract_block():
 
 def make_repo(path):
     path.mkdir(parents=True)
-    for name in ("bench.py", "reference.py", "kernelbench.py", ".gitignore"):
+    for name in ("bench.py", "kernelbench.py", ".gitignore"):
         shutil.copy(autokernel.ROOT / name, path / name)
     for folder in ("autokernel", "kernels", "tests/kernelbench"):
         shutil.copytree(autokernel.ROOT / folder, path / folder,
