@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import autokernel as ak
-from autokernel import contract, gate, kinds, results, state
+from autokernel import contract, gate, kinds, results, state, workspace
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
 from autokernel.judge import (CHILD_LOG, COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
@@ -242,14 +242,13 @@ def keep(row, facts, plan, outcome, description):
                          f"kernel.py left as it was", code=1)
     of_record = file_of_record(plan["tag"])
     if of_record is not None:
-        of_record.write_bytes(facts["kernel"].read_bytes())
+        workspace.write_kernel_file(of_record, facts["kernel"].read_bytes())
         outcome["file_of_record"] = results.rel(of_record)
     return row
 
 
 def file_of_record(tag):
     """The workspace file plan.json names for this tag (None outside a planned night)."""
-    from autokernel import workspace
     try:
         entry = workspace.plan_kernels(workspace.read_plan()).get(tag)
     except UsageError:
