@@ -65,7 +65,7 @@ from autokernel import KERNEL_TYPES
 from autokernel.cli import ArgumentParser, UsageError, fail, run_main
 from autokernel.contract import read_attrs
 from autokernel.results import rel
-from autokernel.workspace import read_profile, write_json
+from autokernel.workspace import read_profile, write_json, write_kernel_file
 
 
 class WorkExists(UsageError):
@@ -201,8 +201,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     if path.exists() and path.read_text() != source and not force:
         raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
                          "to overwrite, skipped")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
+    write_kernel_file(path, source)
     share = candidate["share"]
     return {"rank": rank, "name": name, "kernel_type": ktype, "file": rel(path),
             "shapes": candidate["shapes"], "bench_shapes": shapes, "dtype": profile["dtype"],

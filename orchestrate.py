@@ -47,7 +47,8 @@ from autokernel import git, night
 from autokernel.cli import ArgumentParser, UsageError, run_main
 from autokernel.contract import tag_of_source
 from autokernel.results import read_rows, rel
-from autokernel.workspace import plan_kernels, read_json, read_plan, write_json
+from autokernel.workspace import (plan_kernels, read_json, read_plan, write_json,
+                                  write_kernel_file)
 
 # Paths are read from `ak` at call time (ak.ROOT, ak.PLAN_JSON, ...), never bound at import, so
 # the tests can point them at a temporary repo.
@@ -243,9 +244,7 @@ def switch(plan, rows, state, name, why, now):
     head = head_kernel_source()
     head_name = tag_of_source(head) if head else None
     if head_name in kernels:
-        saved = ak.ROOT / kernels[head_name]["file"]
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        saved.write_text(head)
+        write_kernel_file(ak.ROOT / kernels[head_name]["file"], head)
         lines.append(f"saved: {head_name}'s best kept version -> {kernels[head_name]['file']}")
     ak.KERNEL_PY.write_text(source)
     commit = None if head == source else \

@@ -76,7 +76,7 @@ def norm_reading(module, ktype, eps):
     """{"eps", "weight", "bias"} for the norm kernel when the module's output confirms them,
     else the reason it does not. The weight is the module's own, or 1 + it (Gemma's RMSNorm
     scales by 1 + weight: a copy made here, at install)."""
-    import reference
+    from autokernel import reference
     weight, bias = module.weight, getattr(module, "bias", None)
     scales = torch.tensor([1.0, 1e-3, 1e-4], device=weight.device).repeat_interleave(2)
     x = (torch.randn(6, weight.shape[0], device=weight.device) * scales[:, None]).to(weight.dtype)
@@ -96,7 +96,7 @@ def mlp_reading(module):
     """{"w_gate", "w_up", "w_down"} for the fused_mlp kernel: the order of the two D -> F
     weights (two projections, or the halves of a fused one) that reproduces the module's
     output, else the reason none does."""
-    import reference
+    from autokernel import reference
     (a, b), down = _projections(_linears(module))
     x = torch.randn(6, down.out_features, device=down.weight.device).to(down.weight.dtype)
     for gate, up in ((a, b), (b, a)):

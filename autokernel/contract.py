@@ -13,7 +13,8 @@ define, read one way by every script.
 
 A KernelBench problem's solution instead sets KERNEL_TYPE = "kernelbench", KERNELBENCH_PROBLEM
 (the problem file) and KERNELBENCH_SHA256 (its bytes' hash) and defines ModelNew in place of
-kernel_fn (autokernel/kernelbench.py; `uv run kernelbench.py setup PROBLEM.py` writes one).
+kernel_fn (autokernel/kernelbench.py; `uv run kernelbench.py setup PROBLEM.py` writes one): another
+kind of problem (autokernel/kinds.py), planned by its own module; `plan` here plans kernel types.
 
 The names are read from the source without running it (`read_attrs`), so a row can be tagged
 even when the file does not import; `load` imports the file and checks the same names.
@@ -80,17 +81,14 @@ def tag_of_source(source):
 
 
 def plan(attrs) -> dict:
-    """What to judge a kernel file at, from its contract names: {"kernel_type", "tag", "shape"
-    (the timed one), "shape_str", "bench_shapes", "dtype", "variant", "backend"}. Raises
+    """What to judge a kernel type's file at, from its contract names: {"kernel_type", "tag",
+    "shape" (the timed one), "shape_str", "bench_shapes", "dtype", "variant", "backend"}. Raises
     KernelFileError."""
     from autokernel.kernel_types import DTYPE_NAMES, KERNEL_TYPES, parse_dtype
     name = attrs.get("KERNEL_TYPE")
     if name is None:
         raise KernelFileError(f"kernel file defines no KERNEL_TYPE; set it to one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
-    if name == "kernelbench":
-        from autokernel import kernelbench
-        return kernelbench.plan(attrs)
     if name not in KERNEL_TYPE_NAMES:
         raise KernelFileError(f"unknown KERNEL_TYPE {name!r}: use one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")

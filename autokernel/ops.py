@@ -72,7 +72,7 @@ def op_name(kernel):
 def signature(kernel_type):
     """The op's Python signature for a type: its contract args in order, annotated by ARG_TYPES
     (tensor otherwise), with the eager reference's defaults."""
-    import reference
+    from autokernel import reference
     ref = inspect.signature(getattr(reference, f"{kernel_type}_eager")).parameters
     params = []
     for name in autokernel.KERNEL_TYPES[kernel_type].args:

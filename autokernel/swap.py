@@ -175,7 +175,7 @@ def pluggable_types(model, forward, types=None):
     recognized but no swap rule reaches (attention written out as matmul-softmax-matmul, say)
     is absent. The answer depends on the set: a type can take a call site from another (with
     qkv_rotary in, a LLaMA attention layer's rotation is no longer rotary_embedding's)."""
-    import reference
+    from autokernel import reference
     types = [t for t in autokernel.KERNEL_TYPE_NAMES if types is None or t in types]
     stand_ins = [Kernel(t, t, Path(reference.__file__), getattr(reference, f"{t}_eager"))
                  for t in types]

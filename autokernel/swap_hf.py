@@ -235,7 +235,7 @@ def _hf_qkv_mismatch(layer, owner):
     not."""
     import types
 
-    import reference
+    from autokernel import reference
     gen = torch.Generator().manual_seed(0)
     module = random_copy(layer, gen)
     found = _hf_projections(module)

@@ -251,7 +251,7 @@ def _qkv_attention(qkv_fn, x, wq, wk, wv, wo, D):
 def _attention_mismatch(layer, names):
     """None when the layer's forward(x) is _qkv_attention on a probe input (a random copy of the
     layer: random_copy), else why not. names: its q/k/v/o projections' attributes."""
-    import reference
+    from autokernel import reference
     gen = torch.Generator().manual_seed(0)
     module = random_copy(layer, gen)
     wq, wk, wv, wo = (getattr(module, a) for a in names)

@@ -1,5 +1,6 @@
 """
-The JSON files the scripts hand each other under workspace/: one reader and one writer each.
+The files the scripts hand each other under workspace/: the JSON files (one reader and one writer
+each) and the plan's kernel files.
 
     profile.json      profile.py -> extract.py, verify.py (the model's flags), analysis
                       {"model", "model_args", "device", "dtype", "input_shapes", "total_op_us",
@@ -11,6 +12,10 @@ The JSON files the scripts hand each other under workspace/: one reader and one 
     orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py)
     verify.json       verify.py's report (see verify.py)
     prepare.json      prepare.py's cache of ceilings and baseline times (autokernel.baselines)
+    <name>.py         a plan kernel's file of record (plan.json's "file"), written only by
+                      write_kernel_file: its starter with the model's shapes (extract.py), its
+                      kept version (bench.py's keep), HEAD's kernel.py when orchestrate.py
+                      switches to another kernel
 
 Writes are atomic (a temporary file, then a rename): a kill mid-write never leaves half a file.
 """
@@ -27,6 +32,16 @@ def write_json(path, data, indent=1):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    tmp.replace(path)
+
+
+def write_kernel_file(path, content):
+    """A plan kernel's file of record (workspace/<name>.py), text or bytes, written atomically:
+    its only writer, for extract.py, bench.py's keep and orchestrate.py's switch."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(content.encode() if isinstance(content, str) else content)
     tmp.replace(path)
 
 

@@ -35,7 +35,7 @@ from autokernel.results import COLUMNS, read_rows
 PLANTED = Path(__file__).resolve().parent / "planted"
 GOOD = PLANTED / "good_reduce.py"
 ATTACKS = Path(__file__).resolve().parent / "attacks"
-REPO_FILES = ["bench.py", "reference.py", ".gitignore"]
+REPO_FILES = ["bench.py", ".gitignore"]
 # Hermetic git: no user/system config (hooks, signing), a fixed identity.
 GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
                GIT_AUTHOR_NAME="bench test", GIT_AUTHOR_EMAIL="bench@test",
@@ -162,7 +162,7 @@ def no_git_scenario(root):
 
 def dirty_reference_scenario(root):
     repo = make_repo(root / "dirty_reference")
-    with open(repo / "reference.py", "a") as f:
+    with open(repo / "autokernel" / "reference.py", "a") as f:
         f.write("\n# an agent 'fixed' the oracle\n")
     shutil.copy(PLANTED / "wrong_dtype.py", repo / "kernel.py")
     run = run_bench(repo)
@@ -679,21 +679,21 @@ def test_the_wall_clock_limit_counts_the_judges_own_work():
     """The limit bounds the whole judgement: once the judge's own work (inputs, the oracle)
     has spent it, the next request is a TIMEOUT even though the child answers at once."""
     import time
-    import bench
-    runner = bench.ChildRunner(autokernel.ROOT / "kernels" / "reduce.py",
+    from autokernel import judge
+    runner = judge.ChildRunner(autokernel.ROOT / "kernels" / "reduce.py",
                                time.monotonic() + 300, 300)
     try:
         assert runner.start()["status"] != "import_failed"
         runner.ping()  # within the limit: answered
         runner.deadline = time.monotonic() - 1  # as if the oracle had taken the rest
         runner.at("stage 2 (the oracle's inputs)")
-        with pytest.raises(bench.ChildGone) as gone:
+        with pytest.raises(judge.ChildGone) as gone:
             runner.ping()
         assert gone.value.correctness == "TIMEOUT"
         assert "exceeded the 300 s wall-clock limit during stage 2" in gone.value.why
     finally:
         runner.stop()
-        bench.ChildRunner.started.remove(runner)
+        judge.ChildRunner.started.remove(runner)
 
 
 class FakeClock:
@@ -785,7 +785,7 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
     """While one child's window is timed (runner.alone()), every other process below the judge
     is stopped, one started in a session of its own included; all go on afterwards."""
     import time
-    import bench
+    from autokernel import judge
     from autokernel.state import process_state as state
 
     def resumed(pid):  # SIGCONT is delivered asynchronously too
@@ -794,8 +794,8 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
             time.sleep(0.001)
         return state(pid) != "T"
     pidfile = tmp_path / "grandchild.pid"
-    timed = bench.ChildRunner(bench.IDLE_KERNEL, time.monotonic() + 300, 300)
-    other = bench.ChildRunner(tmp_path / "escapes.py", time.monotonic() + 300, 300,
+    timed = judge.ChildRunner(judge.IDLE_KERNEL, time.monotonic() + 300, 300)
+    other = judge.ChildRunner(tmp_path / "escapes.py", time.monotonic() + 300, 300,
                               source=STOPPED_CHILD.format(pidfile=str(pidfile)))
     try:
         assert timed.start()["status"] == "loaded" and other.start()["status"] == "loaded"
@@ -809,7 +809,7 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
     finally:
         for runner in (timed, other):
             runner.stop()
-            bench.ChildRunner.started.remove(runner)
+            judge.ChildRunner.started.remove(runner)
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), 9)
 

@@ -232,7 +232,7 @@ def test_contract_takes_the_cuda_backend():
 def test_bench_refuses_a_cuda_kernel_in_one_line_and_changes_nothing(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("bench.py", "reference.py", ".gitignore"):
+    for name in ("bench.py", ".gitignore"):
         shutil.copy(autokernel.ROOT / name, repo / name)
     for folder in ("autokernel", "kernels"):
         shutil.copytree(autokernel.ROOT / folder, repo / folder,
@@ -269,13 +269,13 @@ def test_verify_refuses_cuda_kernels_before_regating_them():
 
 
 def test_bench_refusal_covers_kernel_files_too():
-    import bench
+    from autokernel import experiment
     if autokernel.CUDA:
         pytest.skip("a GPU is present: bench.py judges CUDA kernels here")
     with pytest.raises(UsageError, match="softmax.py is a CUDA C.. kernel"):
-        bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
-    bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
-                                                                "softmax.py")))
+        experiment.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
+    experiment.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
+                                                                     "softmax.py")))
 
 
 def test_extract_writes_cuda_starters_with_real_shapes(tmp_path, capsys):

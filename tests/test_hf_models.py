@@ -141,7 +141,7 @@ def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     """GPT-2's MLP (transformers' Conv1D and models/gpt2.py's nn.Linear) and BERT's intermediate:
     the first projection and its GELU are one matmul call with the activation in the kernel;
     the model's outputs still match."""
-    import reference
+    from autokernel import reference
     from autokernel.kernel_call import Kernel
     from autokernel.swap import Swap
     model = build_or_ours(name)
@@ -150,7 +150,7 @@ def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     def fn(A, B, bias=None, activation=None):
         seen.append(activation)
         return reference.matmul_eager(A, B, bias, activation)
-    swap = Swap([Kernel("matmul", "matmul", autokernel.ROOT / "reference.py", fn)])
+    swap = Swap([Kernel("matmul", "matmul", autokernel.ROOT / "autokernel" / "reference.py", fn)])
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         out = model(ids)
@@ -192,7 +192,7 @@ def test_attention_takes_the_projections_views_without_a_copy(name):
     """GPT-2 splits q, k and v from one c_attn output; Qwen2's come from separate projections.
     Either way each arrives as rows of positions seen through .transpose(1, 2), and the swap
     hands the kernel those views (no copy: the layout the contract's "bshd" variant gates)."""
-    import reference
+    from autokernel import reference
     from autokernel.kernel_call import Kernel
     from autokernel.swap import Swap
     model = build_or_ours(name)
@@ -201,7 +201,7 @@ def test_attention_takes_the_projections_views_without_a_copy(name):
     def fn(Q, K, V, causal=True, scale=None):
         seen.append([t.is_contiguous() for t in (Q, K, V)])
         return reference.flash_attention_eager(Q, K, V, causal, scale)
-    swap = Swap([Kernel("attention", "flash_attention", autokernel.ROOT / "reference.py", fn)])
+    swap = Swap([Kernel("attention", "flash_attention", autokernel.ROOT / "autokernel" / "reference.py", fn)])
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), swap.installed(model):
         model(ids) if name == "ours" else model(ids, use_cache=False)  # a cache concatenates K, V

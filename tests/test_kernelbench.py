@@ -45,7 +45,8 @@ def judge(problem, solution, **extra):
     """The gate's verdict on a solution file, judged in this process."""
     plan = kernelbench.plan(attrs(problem, **extra))
     lines = []
-    result = gate.check(Runner(None, load_module(solution).ModelNew), plan, log=lines.append)
+    result = gate.check(Runner(None, load_module(solution).ModelNew), plan, log=lines.append,
+                        judge_class=kernelbench.ProblemJudge)
     return result, lines
 
 
@@ -220,7 +221,8 @@ def test_setup_starts_from_model_renamed_and_the_gate_refuses_its_torch_ops(tmp_
     kernel.write_text(text)
     plan = kernelbench.plan(read_attrs(text)[0])
     assert plan["tag"] == "kb_1_softmax"
-    result = gate.check(Runner(None, load_module(kernel).ModelNew), plan)
+    result = gate.check(Runner(None, load_module(kernel).ModelNew), plan,
+                        judge_class=kernelbench.ProblemJudge)
     assert "called torch compute op aten._softmax" in result["reason"]
 
 
@@ -238,7 +240,7 @@ def test_setup_from_a_solution_replaces_an_earlier_contract_block():
 
 def make_repo(path):
     path.mkdir(parents=True)
-    for name in ("bench.py", "reference.py", "kernelbench.py", ".gitignore"):
+    for name in ("bench.py", "kernelbench.py", ".gitignore"):
         shutil.copy(autokernel.ROOT / name, path / name)
     for folder in ("autokernel", "kernels", "tests/kernelbench"):
         shutil.copytree(autokernel.ROOT / folder, path / folder,

@@ -334,8 +334,7 @@ def test_results_in_another_format_are_refused_in_one_line(repo, capsys):
 
 def test_cli_errors_are_one_line(tmp_path):
     """The real CLI, as the agent runs it, from a copy without plan.json."""
-    for script in ("orchestrate.py", "reference.py"):
-        (tmp_path / script).write_text((ak.ROOT / script).read_text())
+    (tmp_path / "orchestrate.py").write_text((ak.ROOT / "orchestrate.py").read_text())
     shutil.copytree(ak.ROOT / "autokernel", tmp_path / "autokernel",
                     ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run([sys.executable, "orchestrate.py", "next"], cwd=tmp_path,

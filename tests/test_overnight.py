@@ -80,7 +80,8 @@ EDITS = {  # name -> (description for -m, edit(kernel type, source, starter) -> 
     "wrong": ("drop a term (wrong math)", lambda k, s, starter: s.replace(*WRONG_MATH[k])),
     "crash": ("abort", wrapped("    import os\n    os.abort()\n")),
     "torch": ("let torch do it", wrapped(
-        "    import reference\n    return getattr(reference, KERNEL_TYPE)(*args, **kwargs)\n")),
+        "    from autokernel import reference\n"
+        "    return getattr(reference, KERNEL_TYPE)(*args, **kwargs)\n")),
     "cached": ("cache the output", wrapped(
         "    if not _cache:\n        _cache.append(_original(*args, **kwargs))\n"
         "    return _cache[0]\n", "_cache = []\n")),
