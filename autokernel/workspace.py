@@ -9,7 +9,7 @@ The JSON files the scripts hand each other under workspace/: one reader and one 
                        "total_op_us", "kernels": [{"name", "kernel_type", "file", "share",
                        "shapes", "rank", "bound", "amdahl_ceiling", ...}]}
     orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py)
-    verify.json       verify.py's report (see verify.py)
+    verify.json       verify.py's report (see autokernel/verify_report.py)
     prepare.json      prepare.py's cache of ceilings and baseline times (autokernel.baselines)
 
 Writes are atomic (a temporary file, then a rename): a kill mid-write never leaves half a file.
