@@ -11,8 +11,9 @@ the same thing and how much faster it got end to end.
     uv run verify.py ... --diagnose       # each kernel alone: which one breaks the model?
     uv run verify.py ... --cuda-graphs    # time as CUDA graph replays (no launch overhead)
 
-The model flags are profile.py's (models/load.py); with none given, the flags recorded in
-workspace/profile.json are reused. Kernels come from workspace/plan.json, from --kernels
+The model flags are profile.py's (models/load.py); with none given, the flags recorded in the
+profile the plan was extracted from (plan.json's "profile": extract.py --profile; for --kernels
+and --starters, workspace/profile.json) are reused. Kernels come from workspace/plan.json, from --kernels
 FILE[,FILE], or from --starters; each file is re-gated before it is plugged in
 (autokernel/verify_select.py says which files and how). The run, its correctness check and its
 timings: autokernel/verify_run.py. The report, workspace/verify.json (--out to change), its
@@ -25,6 +26,7 @@ import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before tri
 
 import argparse
 import sys
+from pathlib import Path
 
 from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 from autokernel.endtoend import GraphCaptureError
@@ -32,7 +34,7 @@ from autokernel.results import rel
 from autokernel.verify_report import print_report
 from autokernel.verify_run import PAIRED_ROUNDS, verify
 from autokernel.verify_select import idle_entry, kernel_specs, plugged_kernels
-from autokernel.workspace import recorded_model_args, write_json
+from autokernel.workspace import read_plan, recorded_model_args, write_json
 from models.load import MODEL_FLAGS, add_model_args, check_model_args, load_model
 
 
@@ -51,10 +53,11 @@ def _verify(argv):
         raise UsageError("--cuda-graphs needs a CUDA GPU: drop it on this machine")
     check_model_args(args)  # a typo in the model flags: before minutes of re-gating
     specs, rows = kernel_specs(args)
-    if reuse_profile_flags(args):
+    profile = reuse_profile_flags(args)
+    if profile:
         given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
                          if getattr(args, f, None) is not None)
-        print(f"model flags from {autokernel.PROFILE_JSON}: {given or 'none (the defaults)'}")
+        print(f"model flags from {rel(profile)}: {given or 'none (the defaults)'}")
     model, inputs, description = load_model(args)  # before re-gating: its call sites decide
     kernels, checked, idle = plugged_kernels(args, specs, rows, model, inputs)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
@@ -85,8 +88,9 @@ def _verify(argv):
 def build_parser():
     parser = ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]).strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(parser, "model (none of these given: the model profile.json recorded, with "
-                           "its flags; the defaults below apply without one)")
+    add_model_args(parser, "model (none of these given: the model the plan's profile recorded, "
+                           "with its flags, workspace/profile.json's for --kernels and "
+                           "--starters; the defaults below apply without one)")
     src = parser.add_argument_group("kernels (default: workspace/plan.json)")
     src.add_argument("--plan", default=str(autokernel.PLAN_JSON), help="extract.py's plan")
     src.add_argument("--kernels", help="explicit kernel files, comma-separated")
@@ -125,15 +129,33 @@ def build_parser():
 
 
 def reuse_profile_flags(args):
-    """No model flags given: rebuild the model profile.py profiled (its profile.json records the
-    flags), since plan.json's kernels were extracted from that model."""
+    """No model flags given: rebuild the model profile.py profiled (its profile records the
+    flags), since plan.json's kernels were extracted from that model. -> the profile read, or
+    None (flags given, or no profile recorded any)."""
     if any(getattr(args, f, None) is not None for f in MODEL_FLAGS):
-        return False
-    recorded = recorded_model_args(autokernel.PROFILE_JSON)
+        return None
+    profile = profile_path(args)
+    recorded = recorded_model_args(profile)
     for f in MODEL_FLAGS:
         if recorded.get(f) is not None:
             setattr(args, f, recorded[f])
-    return bool(recorded)
+    return profile if recorded else None
+
+
+def profile_path(args):
+    """The profile the kernels come from: the one plan.json names (extract.py --profile) when
+    they are the plan's, else workspace/profile.json. A path recorded relative is taken from
+    the current directory, else from the repo's root."""
+    named = None if args.kernels or args.starters else read_plan(args.plan).get("profile")
+    if not named:
+        return autokernel.PROFILE_JSON
+    path = Path(named)
+    if not path.is_absolute() and not path.exists():
+        path = autokernel.ROOT / path
+    if not path.is_file():
+        raise UsageError(f"{rel(args.plan)} was extracted from {named}, which is gone: pass the "
+                         f"model flags (--model ...), or run profile.py and extract.py again")
+    return path
 
 
 if __name__ == "__main__":

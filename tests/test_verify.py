@@ -624,6 +624,31 @@ def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, c
     assert report["kernels"][0]["shapes"] == ["8x64"] and "tiny_llama.py" in report["model"]
 
 
+def test_model_flags_come_from_the_profile_the_plan_names(tiny_model, tmp_path, monkeypatch,
+                                                        capsys):
+    """The plan's kernels come from the model its own profile recorded (extract.py --profile),
+    not from whatever workspace/profile.json holds now; a plan whose profile is gone says so."""
+    def profile(name, input_shape):
+        path = tmp_path / name
+        path.write_text(json.dumps({"entries": [], "model_args": {
+            "model": tiny_model[1], "input_shape": input_shape, "dtype": "fp32"}}))
+        return path
+    monkeypatch.setattr(autokernel, "PROFILE_JSON", profile("profile.json", "2x16"))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"profile": str(profile("night_profile.json", "1x8")), "kernels": [
+        {"name": "rmsnorm", "kernel_type": "rmsnorm", "file": str(KDIR / "rmsnorm.py"),
+         "share": 0.5}]}))
+    out = tmp_path / "v.json"
+    argv = ["--plan", str(plan), "--no-timing", "--no-regate", "--out", str(out)]
+    assert verify.main(argv) == 0
+    assert "model flags from" in capsys.readouterr().out
+    assert json.loads(out.read_text())["kernels"][0]["shapes"] == ["8x64"]  # 1x8, not 2x16
+    (tmp_path / "night_profile.json").unlink()
+    assert verify.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "night_profile.json" in err and "gone" in err, err
+
+
 def test_the_morning_recheck_refuses_files_that_no_kept_row_vouches_for(tmp_path):
     import hashlib
     from autokernel import regate
