@@ -7,6 +7,8 @@ results.tsv, and keep (git commit) or revert (git checkout HEAD -- kernel.py) th
                                           #   "judged", never kept or reverted
     uv run bench.py --no-git              # judge and record (status "judged"), no git action
     uv run bench.py --kernel kernels/softmax.py   # any kernel file; implies --no-git
+    uv run bench.py --kernel F --correctness-only # the five stages alone: no timing, no
+                                                  #   baselines, no row, no git (verify.py)
     uv run bench.py --timeout 60 --results /tmp/r.tsv
 
 Keep rule (autokernel/results.keep_rule): a candidate that passes all five stages is timed in paired
@@ -65,6 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="smoke test on the primary shape + timing")
     p.add_argument("--no-git", action="store_true", help="judge and record, no commit/restore")
     p.add_argument("--kernel", help="kernel file to judge (default kernel.py; others imply --no-git)")
+    p.add_argument("--correctness-only", action="store_true",
+                   help="the five correctness stages alone: no timing, no baselines, no row in "
+                        "results.tsv, no git action (verify.py's re-gate)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"wall-clock limit for the kernel's run in seconds (default "
                         f"{DEFAULT_TIMEOUT_S}); each call also has its own limit")
@@ -74,6 +79,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.timeout > 0:
         p.error(f"--timeout {args.timeout} must be positive (seconds)")
+    args.no_git = args.no_git or args.correctness_only
     return args
 
 
@@ -218,7 +224,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
         checked = gate.check(candidate, plan, quick=args.quick, on_stage=on_stage,
                              log=lambda line: print(line, flush=True))
         outcome.update(checked)
-        if checked["correctness"] == "PASS":
+        if checked["correctness"] == "PASS" and not args.correctness_only:
             if kept is not None and (kept_hello := kept.start(startup_s))["status"] != "loaded":
                 kept, unpaired = None, f"it does not import: {kept_hello.get('error')}"
             outcome.update(measure(candidate, kept, plan, best, unpaired))
@@ -521,6 +527,8 @@ def decide(args, facts, outcome, rows):
     plan = outcome["plan"]
     passed = outcome["correctness"] == "PASS"
     row = make_row(facts, plan, outcome, len(rows) + 1, args.description)
+    if args.correctness_only:  # a verdict for verify.py, never a row
+        return row
     if not facts["git_mode"] or args.quick:  # a smoke test alone never keeps (nor reverts)
         record(row, facts)
         return row
@@ -625,6 +633,11 @@ def print_summary(row, outcome, facts, args, elapsed):
         excerpt = lines[fatal[-1]:fatal[-1] + 8] if fatal else lines[-8:]
         print("child_stderr: |\n" + "\n".join("  " + line for line in excerpt))
         print(f"child_log: {results.rel(CHILD_LOG)}")
+    if args.correctness_only:
+        print(f"wall_s: {elapsed:.1f}")
+        print(f"verdict: CHECKED {outcome['plan'].get('tag') or 'kernel'} {row['correctness']}"
+              + (f": {row['reason']}" if row["reason"] else " (not timed, nothing recorded)"))
+        return
     if outcome.get("latency_us") is not None:
         for key, digits in (("latency_us", 2), ("reported_us", 2), ("throughput_tflops", 3),
                             ("bandwidth_gb_s", 1), ("pct_peak", 1), ("speedup_vs_pytorch", 3),

@@ -13,11 +13,11 @@ the same thing and how much faster it got end to end.
 
 The model flags are profile.py's (models/load.py); with none given, the flags recorded in the
 profile the plan was extracted from (plan.json's "profile": extract.py --profile; for --kernels
-and --starters, workspace/profile.json) are reused. Kernels come from workspace/plan.json, from --kernels
-FILE[,FILE], or from --starters; each file is re-gated before it is plugged in
-(autokernel/verify_select.py says which files and how). The run, its correctness check and its
-timings: autokernel/verify_run.py. The report, workspace/verify.json (--out to change), its
-schema and printing: autokernel/verify_report.py.
+and --starters, workspace/profile.json) are reused. Kernels come from workspace/plan.json, from
+--kernels FILE[,FILE], or from --starters; each file's correctness is checked by the gate again
+before it is plugged in (autokernel/verify_select.py says which files and how). The run, its
+correctness check and its timings: autokernel/verify_run.py. The report, workspace/verify.json
+(--out to change), its schema and printing: autokernel/verify_report.py.
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).

@@ -9,11 +9,12 @@ beside the other files' types (one forward with the references of the given type
 qkv_rotary, say, takes an attention layer's rotation from rotary_embedding) is neither re-gated
 nor imported: a starter is then unused, a file named by --kernels or the plan never ran; a
 file refused by its re-gate gives its call sites back. CUDA C++ kernel files need a GPU.
-Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
-bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
-a kept row of results.tsv (the report names which: experiment, commit, latency; it warns when a
-plan kernel has no kept version). A file that fails is left out and the run fails. --no-regate
-skips this for quick checks.
+Before any kernel is imported here, each file goes through the gate's correctness stages again
+(autokernel/regate.py: bench.py --correctness-only, fresh inputs, not timed: verify.py times the
+model itself) and each plan kernel's file must be the bytes of a kept row of results.tsv (the
+report names which: experiment, commit, recorded latency; it warns when a plan kernel has no kept
+version). A file that fails is left out and the run fails. --no-regate skips this for quick
+checks.
 """
 import glob
 from collections import Counter
@@ -99,8 +100,8 @@ def without_call_sites(specs, model, inputs, among=()):
     """The kernel files whose type has no call site in this model beside the other files' types
     (and `among`'s), found by one forward with the references of those types plugged in
     (swap.pluggable_types), the types read from the files' text. They are neither re-gated nor
-    imported: a re-gate costs a minute or so on a GPU, and GPT-2 calls 3 of the 10 starters'
-    types. An unknown type, or one that contradicts the plan, is kept for the re-gate and
+    imported: a re-gate costs a child process and the stages, and GPT-2 calls 3 of the 10
+    starters' types. An unknown type, or one that contradicts the plan, is kept for the re-gate and
     load_kernel to refuse; a model whose forward fails here keeps every file (verify() then
     reports the failure). -> (the specs to plug in, [(spec, name, type)] left out)."""
     attrs = {spec[0]: read_file_attrs(spec[0])[0] for spec in specs}

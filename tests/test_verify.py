@@ -435,8 +435,7 @@ def test_starters_without_a_call_site_are_neither_regated_nor_imported(tiny_mode
     monkeypatch.setattr(autokernel, "starters_dir", lambda backend: starters)
     regated = []
     monkeypatch.setattr(regate, "regate",
-                        lambda path, timeout_s=180: (regated.append(Path(path).name) or True,
-                                                     "PASS, 1.0 us"))
+                        lambda path, **_: (regated.append(Path(path).name) or True, "PASS"))
     out = tmp_path / "verify.json"
     assert verify.main(tiny_model + ["--starters", "--no-timing", "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -453,9 +452,9 @@ def test_a_refused_kernel_gives_its_call_sites_back(tiny_model, tmp_path, monkey
     """qkv_rotary takes the attention layers' rotation from rotary_embedding: with both given,
     rotary_embedding has no call site of its own. When qkv_rotary then fails its re-gate, the
     rotation is rotary_embedding's again, and it is re-gated and run."""
-    monkeypatch.setattr(regate, "regate", lambda path, timeout_s=180:
+    monkeypatch.setattr(regate, "regate", lambda path, **_:
                         (False, "FAIL: planted") if Path(path).name == "qkv_rotary.py"
-                        else (True, "PASS, 1.0 us"))
+                        else (True, "PASS"))
     out = tmp_path / "v.json"
     argv = tiny_model + ["--kernels", kernel_paths("qkv_rotary", "rotary_embedding", "matmul"),
                          "--no-timing", "--out", str(out)]
@@ -672,6 +671,29 @@ def test_the_morning_recheck_runs_the_gate(tmp_path):
     from autokernel import regate
     passed, text = regate.regate(ROOT / "tests" / "planted" / "nan_output.py")
     assert not passed and text.startswith("FAIL") and "NaN" in text
+
+
+def test_the_regates_gate_checks_correctness_only_and_records_nothing(tmp_path):
+    """bench.py --correctness-only (verify.py's re-gate): the stages' verdict and nothing else:
+    no timing, no baselines, no row, and no git action even on kernel.py, whose wrong edit a
+    judging run would revert."""
+    from autokernel.results import append_row
+    from test_bench import PLANTED, git, make_repo, run_bench
+    repo = make_repo(tmp_path / "repo")
+    append_row({"experiment": 1, "tag": "reduce", "status": "judged", "correctness": "PASS"},
+               repo / "results.tsv")
+    results, head = (repo / "results.tsv").read_bytes(), git(repo, "rev-parse", "HEAD")
+    wrong = (PLANTED / "nan_output.py").read_text()
+    (repo / "kernel.py").write_text(wrong)
+    for kernel, verdict in (("kernel.py", "FAIL"), ("kernels/softmax.py", "PASS")):
+        run = run_bench(repo, "--correctness-only", "--kernel", kernel)
+        assert run["rc"] == 0 and run["keys"]["correctness"] == verdict, run["stdout"]
+        assert run["last_line"].startswith("verdict: CHECKED"), run["last_line"]
+        assert verdict == "PASS" or "NaN" in run["keys"]["reason"], run["keys"]
+        assert not {"latency_us", "rounds_us", "eager_us", "status"} & set(run["keys"]), run["keys"]
+        assert (repo / "results.tsv").read_bytes() == results
+        assert git(repo, "rev-parse", "HEAD") == head and (repo / "kernel.py").read_text() == wrong
+        assert git(repo, "status", "--porcelain").split() == ["M", "kernel.py"]
 
 
 def test_best_variant_is_the_fastest_whose_outputs_were_compared_and_match():
