@@ -31,8 +31,8 @@ from pathlib import Path
 from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 from autokernel.endtoend import GraphCaptureError
 from autokernel.results import rel
-from autokernel.verify_report import print_report
-from autokernel.verify_run import PAIRED_ROUNDS, verify
+from autokernel.verify_report import Steps, print_report
+from autokernel.verify_run import PAIRED_ROUNDS, run_steps, verify
 from autokernel.verify_select import idle_entry, kernel_specs, plugged_kernels
 from autokernel.workspace import read_plan, recorded_model_args, write_json
 from models.load import MODEL_FLAGS, add_model_args, check_model_args, load_model
@@ -58,8 +58,11 @@ def _verify(argv):
         given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
                          if getattr(args, f, None) is not None)
         print(f"model flags from {rel(profile)}: {given or 'none (the defaults)'}")
+    steps = Steps(["load the model", "find call sites"] + ["re-gate"] * (not args.no_regate)
+                  + run_steps(args.diagnose, not args.no_timing))
+    steps.start("load the model")
     model, inputs, description = load_model(args)  # before re-gating: its call sites decide
-    kernels, checked, idle = plugged_kernels(args, specs, rows, model, inputs)
+    kernels, checked, idle = plugged_kernels(args, specs, rows, model, inputs, steps)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
     if refused and not kernels:
         first = next(iter(refused.values()))
@@ -71,7 +74,7 @@ def _verify(argv):
                         compile_backend=backend, weight_layout=args.weight_layout,
                         cuda_graphs=args.cuda_graphs, description=description,
                         compile_alone=args.compile_alone, paired_rounds=args.paired_rounds,
-                        left_out=[idle_entry(*i) for i in idle])
+                        left_out=[idle_entry(*i) for i in idle], steps=steps)
     except GraphCaptureError as e:
         raise UsageError(str(e), code=1) from None
     report["regate"] = None if args.no_regate else checked

@@ -49,6 +49,24 @@ workspace/verify.json (verify.py --out to change):
    "regate": {file: {"passed", "gate": the gate's line, "version": which kept row of
               results.tsv, "version_ok"}} | null (--no-regate)}
 """
+import time
+
+
+class Steps:
+    """verify.py's progress: before each long step, one line with its number, the time since
+    the run began, what it runs and the steps left after it (the steps that print their own
+    progress, the re-gates and the timings, go on from there)."""
+
+    def __init__(self, names):
+        self.names, self.started = list(names), time.monotonic()
+
+    def start(self, name, what=""):
+        i = self.names.index(name) + 1 if name in self.names else None
+        left = self.names[i:] if i else []
+        print(f"[{time.monotonic() - self.started:.0f} s] "
+              + (f"step {i}/{len(self.names)}: " if i else "") + name
+              + (f": {what}" if what else "") + (f" (then: {', '.join(left)})" if left else ""),
+              flush=True)
 
 
 def blank_entry(name, kernel_type, file):

@@ -47,7 +47,7 @@ from autokernel.cli import describe
 from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
                                  forward, interleaved, model_dtype, sync, time_forward)
 from autokernel.swap import KernelFailure, Swap, WeightCache
-from autokernel.verify_report import blank_entry, describe_mismatch, why_not
+from autokernel.verify_report import Steps, blank_entry, describe_mismatch, why_not
 from models.load import ModelError
 
 
@@ -83,15 +83,18 @@ def kernel_entry(kernel, swap, error=None):
 
 def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, repeat=None,
            compile_backend=None, weight_layout="copy", cuda_graphs=False, description="model",
-           compile_alone=None, paired_rounds=None, left_out=()):
+           compile_alone=None, paired_rounds=None, left_out=(), steps=None):
     """Everything but the printing: returns the verify.json dict. compile_alone (default: on a
     GPU) times each kernel alone inside torch.compile too (a compile each); paired_rounds
     (default: PAIRED_ROUNDS on a GPU, none on a CPU) times the best variant against
     torch.compile again in that many interleaved rounds (pair_with_compile). left_out: the
-    entries of files never plugged in (idle_entry), judged like the kernels' own."""
+    entries of files never plugged in (idle_entry), judged like the kernels' own. steps: the
+    run's progress lines (verify_report.Steps over run_steps' names, and more before them)."""
+    steps = steps or Steps(run_steps(diagnose, timing))
     model.eval()
     dtype = model_dtype(model)
     weights = WeightCache()
+    steps.start("run the original", "one forward, the reference outputs")
     try:
         run_ref = checked_forward(model, inputs)
         sync()
@@ -102,6 +105,9 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         raise ModelError(f"the original model raised {describe(e)}") from None
 
     swap = Swap(kernels, weights, weight_layout)
+    steps.start("run with the kernels", f"one forward with {len(kernels)} kernel file(s) in, "
+                + ("each compiled at its first call" if autokernel.CUDA else
+                   "in the Triton interpreter: minutes at a real model's shapes"))
     run, error = run_swapped(model, inputs, swap)
     entries = [kernel_entry(k, swap, error) for k in kernels]
     for k, e in zip(kernels, entries):
@@ -115,6 +121,7 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
 
     failures = failures_of(entries, used, error, correctness)
     if diagnose:
+        steps.start("each kernel alone", f"{len(used)} forwards, one kernel in each")
         diagnose_alone(model, inputs, used, run_ref, weights, weight_layout)
 
     report = {"model": description, "device": device_name(), "dtype": autokernel.DTYPE_NAMES.get(
@@ -125,6 +132,7 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
         "best_speedup_vs_compile_single": None}
     if timing and not diagnose and not failures:
         backend = compile_backend or ("inductor" if autokernel.CUDA else None)
+        steps.start("timing", "each variant's line as it is timed")
         report["timing"] = measure(model, inputs, used, weights, weight_layout, warmup, repeat,
                                    backend, cuda_graphs, run_ref,
                                    autokernel.CUDA if compile_alone is None else compile_alone)
@@ -141,6 +149,12 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
     report["failures"] = failures
     report["passed"] = not failures and all(e["status"] in ("ok", "unused") for e in entries)
     return report
+
+
+def run_steps(diagnose=False, timing=True):
+    """The names of verify()'s long steps, in order (Steps): a failed run skips the timing."""
+    last = ["each kernel alone"] if diagnose else ["timing"] if timing else []
+    return ["run the original", "run with the kernels"] + last
 
 
 def failures_of(entries, used, error, correctness):
@@ -166,7 +180,8 @@ def failures_of(entries, used, error, correctness):
 def diagnose_alone(model, inputs, used, run_ref, weights, weight_layout):
     """--diagnose: each used kernel alone in the model, compared with the original; a kernel
     that fails alone is marked "mismatch"."""
-    for k, e in used:
+    for i, (k, e) in enumerate(used, start=1):
+        print(f"  diagnose {i}/{len(used)}: the model with {k.name} alone", flush=True)
         alone = Swap([k], weights, weight_layout)
         run_k, err_k = run_swapped(model, inputs, alone)
         c = compare_runs(run_k, run_ref) if run_k is not None else \

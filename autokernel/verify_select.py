@@ -28,7 +28,7 @@ from autokernel.contract import (KernelFileError, check_module, is_cuda_kernel, 
 from autokernel.endtoend import forward
 from autokernel.results import read_rows, rel
 from autokernel.swap import Kernel, pluggable_types
-from autokernel.verify_report import blank_entry
+from autokernel.verify_report import Steps, blank_entry
 from autokernel.workspace import plan_kernels, read_plan
 
 
@@ -122,11 +122,13 @@ def without_call_sites(specs, model, inputs, among=()):
     return kept, idle
 
 
-def plugged_kernels(args, specs, rows, model, inputs):
+def plugged_kernels(args, specs, rows, model, inputs, steps=None):
     """The files with call sites in this model (without_call_sites), re-gated and imported
     (select_kernels). A file refused by its re-gate gives its call sites back: the files left
     out beside it are checked again. -> (kernels, {file: re-gate result}, [(spec, name, type)]
-    left out)."""
+    left out). steps: the run's progress lines (verify_report.Steps)."""
+    steps = steps or Steps([])
+    steps.start("find call sites", "one forward with the kernel types' references plugged in")
     specs, idle = without_call_sites(specs, model, inputs)
     if idle:
         files = "starters" if args.starters else "kernel files"
@@ -135,6 +137,9 @@ def plugged_kernels(args, specs, rows, model, inputs):
     if args.no_regate:
         print("re-gate: skipped (--no-regate): the kernel files are plugged in without being "
               "judged again")
+    else:
+        steps.start("re-gate", f"{len(specs)} kernel file(s) through the gate's correctness "
+                               "stages, each in a process of its own")
     kernels, checked = select_kernels(args, specs, rows)
     refused = [f for f, c in checked.items() if not c["passed"]]
     if refused and idle:

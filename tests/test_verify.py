@@ -606,6 +606,19 @@ def test_a_wrong_model_flag_is_named_before_any_re_gate(tmp_path, monkeypatch, c
         assert len(err.splitlines()) == 1 and words in err, err
 
 
+def test_each_long_step_says_what_runs_and_what_is_left(tiny_model, tmp_path, capsys):
+    """No silent stretch: before each long step, a line with its number of all, what it runs and
+    the steps after it, in the order they run, all before the report."""
+    assert verify.main(tiny_model + ["--kernels", kernel_paths("rmsnorm"), "--no-regate",
+                                     "--no-timing", "--out", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    names = ["load the model", "find call sites", "run the original", "run with the kernels"]
+    at = [out.find(f"step {i}/4: {name}") for i, name in enumerate(names, start=1)]
+    assert -1 not in at and at == sorted(at) and at[-1] < out.find("correctness:"), out
+    second = next(line for line in out.splitlines() if "step 2/4" in line)
+    assert second.endswith("(then: run the original, run with the kernels)"), second
+
+
 def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, capsys):
     """With no model flags, verify rebuilds the model profile.py recorded in profile.json."""
     model_file = tiny_model[1]
