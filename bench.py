@@ -7,6 +7,8 @@ results.tsv, and keep (git commit) or revert (git checkout HEAD -- kernel.py) th
                                           #   "judged", never kept or reverted
     uv run bench.py --no-git              # judge and record (status "judged"), no git action
     uv run bench.py --kernel kernels/softmax.py   # any kernel file; implies --no-git
+    uv run bench.py --kernel F --correctness-only # the five stages alone: no timing, no
+                                                  #   baselines, no row, no git (verify.py)
     uv run bench.py --timeout 60 --results /tmp/r.tsv
 
 Keep rule (autokernel/results.keep_rule): a candidate that passes all five stages is timed in paired
@@ -44,6 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="smoke test on the primary shape + timing")
     p.add_argument("--no-git", action="store_true", help="judge and record, no commit/restore")
     p.add_argument("--kernel", help="kernel file to judge (default kernel.py; others imply --no-git)")
+    p.add_argument("--correctness-only", action="store_true",
+                   help="the five correctness stages alone: no timing, no baselines, no row in "
+                        "results.tsv, no git action (verify.py's re-gate)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"wall-clock limit for the kernel's run in seconds (default "
                         f"{DEFAULT_TIMEOUT_S}); each call also has its own limit")
@@ -53,6 +58,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.timeout > 0:
         p.error(f"--timeout {args.timeout} must be positive (seconds)")
+    args.no_git = args.no_git or args.correctness_only
     return args
 
 

@@ -146,7 +146,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
         checked = gate.check(candidate, plan, quick=args.quick, on_stage=on_stage,
                              log=lambda line: print(line, flush=True), judge_class=kind.judge)
         outcome.update(checked)
-        if checked["correctness"] == "PASS":
+        if checked["correctness"] == "PASS" and not args.correctness_only:
             if kept is not None and (kept_hello := kept.start(startup_s))["status"] != "loaded":
                 kept, unpaired = None, f"it does not import: {kept_hello.get('error')}"
             outcome.update(measure(candidate, kept, plan, best, unpaired))
@@ -197,6 +197,8 @@ def decide(args, facts, outcome, rows):
     plan = outcome["plan"]
     passed = outcome["correctness"] == "PASS"
     row = make_row(facts, plan, outcome, len(rows) + 1, args.description)
+    if args.correctness_only:  # a verdict for verify.py, never a row
+        return row
     if not facts["git_mode"] or args.quick:  # a smoke test alone never keeps (nor reverts)
         record(row, facts)
         return row
@@ -300,6 +302,11 @@ def print_summary(row, outcome, facts, args, elapsed):
         excerpt = lines[fatal[-1]:fatal[-1] + 8] if fatal else lines[-8:]
         print("child_stderr: |\n" + "\n".join("  " + line for line in excerpt))
         print(f"child_log: {results.rel(CHILD_LOG)}")
+    if args.correctness_only:
+        print(f"wall_s: {elapsed:.1f}")
+        print(f"verdict: CHECKED {outcome['plan'].get('tag') or 'kernel'} {row['correctness']}"
+              + (f": {row['reason']}" if row["reason"] else " (not timed, nothing recorded)"))
+        return
     if outcome.get("latency_us") is not None:
         for key, digits in (("latency_us", 2), ("reported_us", 2), ("throughput_tflops", 3),
                             ("bandwidth_gb_s", 1), ("pct_peak", 1), ("speedup_vs_pytorch", 3),

@@ -10,7 +10,7 @@ each) and the plan's kernel files.
                        "total_op_us", "kernels": [{"name", "kernel_type", "file", "share",
                        "shapes", "rank", "bound", "amdahl_ceiling", ...}]}
     orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py)
-    verify.json       verify.py's report (see verify.py)
+    verify.json       verify.py's report (see autokernel/verify_report.py)
     prepare.json      prepare.py's cache of ceilings and baseline times (autokernel.baselines)
     <name>.py         a plan kernel's file of record (plan.json's "file"), written only by
                       write_kernel_file: its starter with the model's shapes (extract.py), its

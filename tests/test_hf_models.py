@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import autokernel
-import verify
+from autokernel import verify_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,7 +73,7 @@ def build(name):
 def test_every_kernel_type_runs_on_transformers_models(name):
     model, types = build(name)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
-    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    report = verify_run.verify(model, (ids,), kernels(*types), timing=False)
     entries = by_name(report)
     for t in types:
         e = entries[t]
@@ -222,7 +222,7 @@ def test_partial_rotary_runs_only_where_the_models_function_agrees(monkeypatch):
     monkeypatch.setattr(module, "apply_rotary_pos_emb", turn_last_dims)
     model, types = build("gpt_neox")
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
-    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    report = verify_run.verify(model, (ids,), kernels(*types), timing=False)
     rotary = by_name(report)["rotary_embedding"]
     assert rotary["fallbacks"] == {"partial rotary: the model's function differs": 1}, rotary
     assert report["correctness"]["passed"], report["correctness"]
@@ -236,7 +236,7 @@ def test_qkv_rotary_runs_in_transformers_attention_layers(name):
     model, types = build(name)
     types = tuple(t for t in types if t != "rotary_embedding") + ("qkv_rotary",)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
-    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    report = verify_run.verify(model, (ids,), kernels(*types), timing=False)
     qkv = by_name(report)["qkv_rotary"]
     assert qkv["calls"] > 0 and not qkv["fallbacks"] and not qkv["skipped"], qkv
     assert report["correctness"]["passed"] and report["passed"], report["failures"]
