@@ -25,6 +25,7 @@ import importlib.util
 import linecache
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from autokernel import KERNEL_TYPE_NAMES
@@ -78,6 +79,32 @@ def tag_of(attrs) -> str:
 def tag_of_source(source):
     """tag_of for a file's text (None when it names no type)."""
     return tag_of(read_attrs(source)[0]) or None
+
+
+def shape_list(shapes):
+    """[[8, 1024], [4, 64]] -> "8x1024, 4x64"."""
+    return ", ".join("x".join(map(str, s)) for s in shapes)
+
+
+def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None, variant=None,
+                  writer="extract.py"):
+    """A starter with the contract block appended (KERNEL_NAME, BENCH_SHAPES, BENCH_DTYPE,
+    BENCH_VARIANT): the kernel files extract.py and `orchestrate.py rewrite` write. real_shapes:
+    the model's shapes when `shapes` are CPU-scaled versions of them (the comment says so);
+    variant: the model's variant of the type's contract (BENCH_VARIANT, when not the default)."""
+    shape_lines = "".join(f"    {tuple(s)!r},\n" for s in shapes)
+    scaled = "" if real_shapes is None else textwrap.fill(
+        "CPU mode: BENCH_SHAPES are the model's shapes scaled down for Triton's interpreter (no "
+        "dimension beyond the type's own CPU shapes; each shrunk one keeps its remainder modulo "
+        f"16). The real ones, in plan.json: {shape_list(real_shapes)}", 99,
+        initial_indent="# ", subsequent_indent="# ", break_long_words=False,
+        break_on_hyphens=False) + "\n"
+    return (starter_text.rstrip("\n") + "\n\n\n"
+            f"# --- appended by {writer}: the shapes {model} runs, most time first ---\n"
+            f"KERNEL_NAME = {name!r}\n"
+            f"{scaled}BENCH_SHAPES = [\n{shape_lines}]\n"
+            f"BENCH_DTYPE = {dtype!r}\n"
+            + (f"BENCH_VARIANT = {variant!r}\n" if variant else ""))
 
 
 def plan(attrs) -> dict:

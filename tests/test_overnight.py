@@ -304,4 +304,4 @@ def test_program_md_names_real_scripts_and_flags():
         assert (REPO / script).is_file(), f"program.md runs {script}, which does not exist"
     for c in commands:
         if c.split()[2] == "orchestrate.py":
-            assert c.split()[3] in ("status", "next", "install"), c
+            assert c.split()[3] in ("status", "next", "install", "rewrite"), c
