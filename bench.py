@@ -45,7 +45,7 @@ import autokernel as ak
 import torch
 import torch.multiprocessing
 
-from autokernel import child, contract, gate, results, state, timing
+from autokernel import child, contract, gate, results, source_check, state, timing
 from autokernel import git as g
 from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 
@@ -178,8 +178,9 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
     """The stages and the timing, with the kernel (and the kept version) in child processes.
     Returns the outcome: correctness, reason, plan, stages and, on PASS, the timings."""
     outcome = {"correctness": "FAIL", "reason": "", "plan": fallback_plan(attrs, facts)}
-    if syntax_error:
-        return dict(outcome, reason=syntax_error)
+    refused = syntax_error or source_check.refusal(facts["kernel"])  # read before it runs
+    if refused:
+        return dict(outcome, reason=refused)
     deadline = time.monotonic() + args.timeout
     kept_source, best = kept_version(args, facts, attrs, rows)
     kept, unpaired = None, None if kept_source or not best else "its source is not in git"

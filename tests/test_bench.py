@@ -8,7 +8,9 @@ results.tsv that pandas reads with the schema's columns, and leave the repo as c
 keep/revert decisions, --no-git, and the refusals (dirty harness, malformed results.tsv, no repo).
 tests/attacks/ holds kernels that attack the gate from their own process (forged reports, slowed
 clocks, wiped history, git moves, edited files, planted modules, leftover processes): none may be
-kept, and the night's rows, commits and files must come through intact.
+kept, and the night's rows, commits and files must come through intact. The source check
+refuses each of them before it runs (tests/test_source_check.py); their repos here are built
+without it, so that the defences behind it are tested too.
 
 The ~25 CLI runs (each pays torch's import) run two at a time in one module fixture.
 
@@ -44,7 +46,7 @@ GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1"
 # planted file -> (extra CLI args, expected correctness, a phrase the reason must contain).
 # Those that need a process of their own (or show the CLI's row) run through bench.py; every
 # other one is judged in-process too (test_planted_kernel_is_named_in_process), which is faster.
-CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort")
+CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort", "guard_off")
 PLANTED_CASES = {
     "syntax_error": ([], "FAIL", "syntax error"),
     "import_error": ([], "FAIL", "import error"),
@@ -61,6 +63,8 @@ PLANTED_CASES = {
     "out_of_memory": ([], "FAIL", "out of memory"),
     "torch_softmax": ([], "FAIL", "called torch compute op aten._softmax"),
     "torch_matmul": ([], "FAIL", "called torch compute op aten.mm"),
+    "guard_off": ([], "FAIL", "torch.utils._python_dispatch._disable_current_modes: the "
+                              "dispatcher's internals"),
     "cached_result": ([], "FAIL", "cached from an earlier call"),
     "returns_input": ([], "FAIL", "shares memory with input x"),
     "writes_input": ([], "FAIL", "modified its input x"),
@@ -80,14 +84,19 @@ def git(repo, *args):
                           check=True).stdout
 
 
-def make_repo(path, init_git=True):
-    """The harness and a good kernel.py, committed: what a user's checkout looks like."""
+def make_repo(path, init_git=True, source_check=True):
+    """The harness and a good kernel.py, committed: what a user's checkout looks like.
+    source_check=False: a harness without the source check (autokernel/source_check.py), for
+    the attacks on the defences behind it, which it would refuse before they run."""
     path.mkdir(parents=True)
     for name in REPO_FILES:
         shutil.copy(autokernel.ROOT / name, path / name)
     for folder in ("autokernel", "kernels"):  # the attacks' correct halves are the starters
         shutil.copytree(autokernel.ROOT / folder, path / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    if not source_check:
+        with open(path / "autokernel" / "source_check.py", "a") as f:
+            f.write("\nRULES = []  # this repo tests the defences behind the source check\n")
     shutil.copy(GOOD, path / "kernel.py")
     if init_git:
         git(path, "init", "-q")
@@ -135,7 +144,7 @@ def slower(text):
 # ---- scenarios (each in its own repo; run concurrently by the fixture) ----------------------
 
 def planted_scenario(root, name, folder=PLANTED, cases=PLANTED_CASES):
-    repo = make_repo(root / name)
+    repo = make_repo(root / name, source_check=folder != ATTACKS)
     shutil.copy(folder / f"{name}.py", repo / "kernel.py")
     extra = cases[name][0]
     run = run_bench(repo, "--timeout", "120", *extra, "-m", f"planted {name}")
@@ -333,7 +342,7 @@ def test_a_run_on_kernel_py_needs_a_description(runs):
 # ---- in-process pieces (no subprocess) ------------------------------------------------------
 
 IN_PROCESS = [n for n, (_, correctness, _) in PLANTED_CASES.items()
-              if correctness == "FAIL" and n not in ("syntax_error", "import_error")]
+              if correctness == "FAIL" and n not in CLI_CASES]
 
 
 @pytest.mark.parametrize("name", IN_PROCESS)
@@ -459,7 +468,7 @@ TAMPERING = ["wipes_results", "moves_branch", "edits_every_file", "plants_module
 
 def tampering_scenario(root):
     """A kept kernel, then each tampering attack in turn in the same repo."""
-    repo = make_repo(root / "tampering")
+    repo = make_repo(root / "tampering", source_check=False)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))  # a keep of its own commit
     kept = run_bench(repo, "-m", "the kept version")
     before = {"head": git(repo, "rev-parse", "HEAD"), "branch": git(repo, "branch",
@@ -485,7 +494,7 @@ def kept_version_scenario(root):
     kept version it finds on disk (its own TMPDIR: no other test's); one twice as slow that loads
     the machine outside its own windows; then a candidate whose kept version's source is gone
     from git, with an unbeatable record (1 us)."""
-    repo = make_repo(root / "kept_version")
+    repo = make_repo(root / "kept_version", source_check=False)
     (repo / "kernel.py").write_text(STARTER_REDUCE)
     kept = run_bench(repo, "-m", "the kept version")
     head = git(repo, "rev-parse", "HEAD")
@@ -512,7 +521,7 @@ def planted_files(repo):
 
 
 def orphan_scenario(root):
-    repo = make_repo(root / "orphan")
+    repo = make_repo(root / "orphan", source_check=False)
     shutil.copy(ATTACKS / "leaves_a_process.py", repo / "kernel.py")
     pidfile = root / "orphan.pid"
     run = run_bench(repo, "--no-git", env=dict(GIT_ENV, AUTOKERNEL_TEST_PIDFILE=str(pidfile)))
