@@ -77,7 +77,7 @@ VIEWS = frozenset(("view", "view_as", "reshape", "reshape_as", "contiguous", "as
                    "new_empty_strided", "new_zeros", "new_ones", "new_full"))
 ALLOWED_MODULES = ("torch", "triton", "math", "functools", "itertools", "heapq", "bisect",
                    "weakref", "dataclasses", "typing", "collections", "enum", "numbers", "abc",
-                   "warnings", "contextlib", "os", "sys", "__future__")
+                   "warnings", "contextlib", "time", "os", "sys", "__future__")
 SYS_ALLOWED = frozenset(("version_info", "version", "hexversion", "platform", "maxsize",
                          "byteorder", "float_info", "int_info", "implementation", "stdout",
                          "stderr", "getsizeof", "exit"))

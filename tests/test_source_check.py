@@ -126,7 +126,9 @@ FORBIDDEN = {
                       "autokernel.state.recover"),
     "judge_script": ("import reference\n", JUDGE, "import reference"),
     "json": ("import json\n", MODULE, "import json"),
-    "time": ("import time\n", MODULE, "import time"),
+    "pathlib": ("from pathlib import Path\n", MODULE, "import pathlib.Path"),
+    "patch_clock": ("import time\ntime.perf_counter = lambda: 0.0\n", PATCHING,
+                    "time.perf_counter"),
     "sys_other": ("import sys\nx = sys.argv\n", MODULE, "sys.argv"),
 }
 
@@ -203,9 +205,9 @@ def test_allocation_views_metadata_and_triton_pass(tmp_path):
     assert check(tmp_path, ALLOWED) is None
 
 
-HONEST = sorted(
-    [p for p in (ROOT / "kernels").rglob("*.py")]
-    + list((TESTS / "kernels_for_verify").glob("*.py")) + [ROOT / "kernel.py"]
+HONEST = sorted(  # the starters (kernels/<type>.py) are tests/test_starters.py's
+    [p for p in (ROOT / "kernels").rglob("*.py") if p.parent != ROOT / "kernels"]
+    + list((TESTS / "kernels_for_verify").glob("*.py"))
     + [TESTS / "kernelbench" / "solutions" / f"{n}.py" for n in ("1_softmax", "2_log_softmax",
                                                                    "4_relu", "5_scale_shift")]
     + [TESTS / "kernelbench" / "planted" / f"{n}.py" for n in ("scale_shift",
