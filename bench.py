@@ -19,16 +19,21 @@ plan.json); a revert restores kernel.py from HEAD.
 
 Trust. This process is the judge. The kernel file is imported only by child processes
 (autokernel/child.py), which it treats as hostile: they get inputs and output buffers, answer in
-JSON, and decide nothing. Outputs are compared with the float64 oracle here (autokernel/gate.py),
-every timing round is measured by this process's own clock (autokernel/timing.py), the
-repo's state is snapshotted before the children start and restored after (autokernel/state.py),
-and no process they started outlives the verdict. README's "The gate's trust model" says what is
-prevented, what is only detected and what remains possible.
+JSON, and decide nothing. Before they start, the kernel file is read (autokernel/source_check.py)
+and refused by name if it reaches past its own code. Outputs are compared with the float64
+oracle here (autokernel/gate.py), every timing round is measured by this process's own clock
+(autokernel/timing.py), the repo's state is snapshotted before the children start and restored
+after (autokernel/state.py), and no process they started outlives the verdict. README's "The
+gate's trust model" says what is prevented, what is only detected and what remains possible.
 
 Output: `key: value` lines, the verdict last. Exit 0 for a judgement (keep, revert or judged),
 2 when it refuses to judge (usage, no -m for kernel.py, dirty harness, not a git repo, malformed
 or unwritable results.tsv, another bench.py running, a CUDA C++ kernel on a machine without a
-GPU: no row is written then), 1 when the harness itself fails.
+GPU, a kernel.py whose KERNEL_NAME, KERNEL_TYPE or BENCH_SHAPES disagree with the kernel the
+night is on: no row is written then), 1 when the harness itself fails.
+
+During a night (workspace/plan.json and orchestrate.py's current kernel) the tag, type and shapes
+a run of kernel.py is recorded under, and its file of record, are the plan's for that kernel.
 """
 import contextlib
 import datetime
@@ -45,7 +50,7 @@ import autokernel as ak
 import torch
 import torch.multiprocessing
 
-from autokernel import child, contract, gate, results, source_check, state, timing
+from autokernel import child, contract, gate, results, source_check, state, timing, workspace
 from autokernel import git as g
 from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 
@@ -96,6 +101,7 @@ def judge(args):
         print(f"kernel: {facts['kernel_rel']}")
         print(f"device: {facts['device']}")
         attrs, syntax_error = contract.read_file_attrs(facts["kernel"])
+        attrs.update(facts["night"])
         rows = results.read_rows(facts["results_tsv"])
         snapshot = state.Snapshot.take(facts["results_tsv"])
         snapshot.save()
@@ -149,12 +155,19 @@ def preflight(args):
                              f"restore or commit the change)")
     results.read_rows(results_tsv)  # malformed: a one-line refusal, nothing written
     results.check_writable(results_tsv)
+    night = workspace.night_kernel() if kernel == ak.KERNEL_PY.resolve() else None
+    if night:  # the night's record names the plan's kernel: kernel.py must agree with it
+        attrs, syntax_error = contract.read_file_attrs(kernel)
+        refused = contract.night_disagreement(attrs, night, shapes_read=syntax_error is None)
+        if refused:
+            raise UsageError(refused)
     device = torch.cuda.get_device_name() if ak.CUDA else "cpu-interpreter"
     if git_mode and not args.description.strip():
         raise UsageError('pass -m "what this version tries": the row\'s description, which '
                          'orchestrate.py and analysis.py show beside its verdict')
     return {"kernel": kernel, "kernel_rel": kernel_rel, "git_mode": git_mode,
-            "results_tsv": results_tsv, "device": device, "sha256": state.digest(kernel.read_bytes())}
+            "results_tsv": results_tsv, "device": device, "night": contract.night_attrs(night),
+            "sha256": state.digest(kernel.read_bytes())}
 
 
 def refuse_cuda_without_gpu(args):
@@ -196,7 +209,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
         if hello["status"] == "import_failed":
             return dict(outcome, reason=hello["error"])
         try:
-            plan = contract.plan({**attrs, **hello.get("attrs", {})})
+            plan = contract.plan({**attrs, **hello.get("attrs", {}), **facts["night"]})
             if plan["kernel_type"] == "kernelbench":
                 if not hello.get("has_model_new"):
                     raise contract.KernelFileError("kernel file defines no ModelNew class; it "

@@ -24,8 +24,9 @@ file refused by its re-gate gives its call sites back. CUDA C++ kernel files nee
 Before any kernel is imported here, each file goes through the gate again (autokernel/regate.py:
 bench.py --no-git, fresh inputs, its own timing) and each plan kernel's file must be the bytes of
 a kept row of results.tsv (the report names which: experiment, commit, latency; it warns when a
-plan kernel has no kept version). A file that fails is left out and the run fails. --no-regate
-skips this for quick checks.
+plan kernel has no kept version), and a kept row on this branch that no plan kernel is named
+after is named on a line of its own. A file that fails is left out and the run fails.
+--no-regate skips this for quick checks.
 
 How kernels get in (patched torch entry points and module swaps, fallbacks outside the kernel
 contract, the glue that stays torch): autokernel/swap.py. A kernel that never ran during the
@@ -131,6 +132,7 @@ from autokernel.contract import (KernelFileError, check_module, is_cuda_kernel, 
                                  read_file_attrs, tag_of)
 from autokernel.endtoend import (GraphCaptureError, capture, checked_forward, compare_runs,
                                  forward, interleaved, model_dtype, sync, time_forward)
+from autokernel.night import unplaced_keeps
 from autokernel.results import read_rows, rel
 from autokernel.swap import Kernel, KernelFailure, Swap, WeightCache, pluggable_types
 from autokernel.workspace import plan_kernels, read_plan, recorded_model_args, write_json
@@ -176,9 +178,12 @@ def kernel_specs(args):
         if not Path(args.plan).exists():
             raise UsageError(f"no {rel(args.plan)}: run extract.py first, or pass --kernels "
                              "FILE[,FILE] or --starters")
+        plan = read_plan(args.plan)
         specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False)
-                 for name, k in plan_kernels(read_plan(args.plan)).items()]
+                 for name, k in plan_kernels(plan).items()]
         rows = None if args.no_regate else read_rows(args.results)
+        for line in unplaced_keeps(plan, rows or []):
+            print(line)
     if not specs:
         raise UsageError("no kernels to verify")
     specs = [(kernel_path(spec[0]),) + spec[1:] for spec in specs]

@@ -213,7 +213,7 @@ def runs(tmp_path_factory):
         ("tampering", tampering_scenario), ("orphan", orphan_scenario),
         ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
-        ("kept_version", kept_version_scenario),
+        ("kept_version", kept_version_scenario), ("night", night_scenario),
         ("dirty_reference", dirty_reference_scenario),
         ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario),
         ("no_description", no_description_scenario)]})
@@ -513,6 +513,41 @@ def kept_version_scenario(root):
             "head": head, "head_after": git(repo, "rev-parse", "HEAD"), **snapshot(repo)}
 
 
+NIGHT_PLAN = {"model": "tiny", "created": "2026-01-01T00:00:00+00:00", "dtype": "fp16",
+              "kernels": [{"name": "reduce_1", "kernel_type": "reduce", "rank": 1,
+                           "file": "workspace/reduce_1.py", "share": 0.5, "shapes": [[4, 256]],
+                           "bench_shapes": [[4, 256]], "dtype": "fp16"}]}
+
+
+def night_scenario(root):
+    """A night on reduce_1 (plan.json and orchestrate.py's visit to it, kernel.py installed and
+    committed), then kernel.py without its KERNEL_NAME line, with other BENCH_SHAPES, and as
+    installed with an edit."""
+    import json
+    repo = make_repo(root / "night")
+    named = GOOD.read_text() + '\nKERNEL_NAME = "reduce_1"\n'
+    (repo / "workspace").mkdir(exist_ok=True)
+    (repo / "workspace" / "plan.json").write_text(json.dumps(NIGHT_PLAN))
+    (repo / "workspace" / "orchestrate.json").write_text(json.dumps(
+        {"version": 1, "plan_created": NIGHT_PLAN["created"],
+         "visits": [{"kernel": "reduce_1", "start": NIGHT_PLAN["created"], "first_row": 0,
+                     "left": None}]}))
+    (repo / "workspace" / "reduce_1.py").write_text(named)
+    (repo / "kernel.py").write_text(named)
+    git(repo, "commit", "-q", "-am", "orchestrate: switch to reduce_1")
+    unnamed = variant(GOOD.read_text(), 1)  # an edit, and the KERNEL_NAME line gone
+    (repo / "kernel.py").write_text(unnamed)
+    no_name = run_bench(repo, "-m", "renamed")
+    after_no_name = snapshot(repo)
+    (repo / "kernel.py").write_text(named.replace("[(4, 256)]", "[(4, 128)]"))
+    other_shapes = run_bench(repo, "-m", "smaller shapes")
+    (repo / "kernel.py").write_text(variant(named, 1))
+    kept = run_bench(repo, "-m", "an edit of the night's kernel")
+    return {"no_name": no_name, "after_no_name": after_no_name, "unnamed": unnamed,
+            "other_shapes": other_shapes, "kept": kept, "named": named,
+            "of_record": (repo / "workspace" / "reduce_1.py").read_text(), **snapshot(repo)}
+
+
 def planted_files(repo):
     """plants_modules' files, if they survived: json.py and the forged .pyc."""
     pycs = (repo / "autokernel" / "__pycache__").glob("results.*.pyc")
@@ -624,6 +659,24 @@ def test_attack_is_refused_with_a_named_reason(runs, name):
         run["stdout"]
     assert r["commits"] == 1 and r["status"] == "" and r["kernel"] == GOOD.read_text()
     assert list(r["results"]["status"]) == ["revert"]
+
+
+def test_during_a_night_kernel_py_must_name_the_night_s_kernel(runs):
+    """The tag, shapes and file of record come from the night (orchestrate.py's current
+    kernel): a kernel.py that dropped its KERNEL_NAME line, or changed its BENCH_SHAPES, is
+    refused in one line before judging (no row, no new tag, the edit left in place)."""
+    r = runs["night"]
+    assert_one_line_refusal(r["no_name"], "no KERNEL_NAME line", "the night is on reduce_1",
+                            "KERNEL_NAME = 'reduce_1'")
+    after = r["after_no_name"]
+    assert after["results"] is None and after["kernel"] == r["unnamed"]  # nothing lost
+    assert_one_line_refusal(r["other_shapes"], "BENCH_SHAPES = [(4, 128)]", "[(4, 256)]")
+    keys = r["kept"]["keys"]
+    assert (keys["tag"], keys["correctness"], keys["status"]) == ("reduce_1", "PASS", "keep"), \
+        r["kept"]["stdout"]
+    assert keys["file_of_record"] == "workspace/reduce_1.py"
+    assert r["of_record"] == variant(r["named"], 1)
+    assert list(r["results"]["tag"]) == ["reduce_1"] and r["status"] == ""
 
 
 def test_no_process_outlives_the_verdict(runs):
