@@ -3,7 +3,8 @@ The kernel file contract (kernel.py, kernels/<type>.py, workspace/<name>.py): wh
 define, read one way by every script.
 
     KERNEL_TYPE  = "softmax"          # one of the registered types (autokernel.KERNEL_TYPES)
-    KERNEL_NAME  = "softmax_1"        # optional: the tag in results.tsv and plan.json
+    KERNEL_NAME  = "softmax_1"        # optional: the tag in results.tsv and plan.json (during
+                                      #   a night, kernel.py's must be the plan's: night_attrs)
     BACKEND      = "triton"           # optional: "triton" (default) or "cuda" (CUDA C++ source
                                       #   built by autokernel/cuda_build.py; needs a GPU to run)
     BENCH_SHAPES = [(4096, 50257)]    # optional: the shapes that matter (the first is timed)
@@ -149,6 +150,41 @@ def plan(attrs) -> dict:
     return {"kernel_type": name, "tag": tag_of(attrs), "shape": list(shapes[0]),
             "shape_str": ktype.shape_str(shapes[0]), "bench_shapes": [list(s) for s in shapes],
             "dtype": DTYPE_NAMES[dtype], "variant": variant, "backend": backend}
+
+
+def night_attrs(entry) -> dict:
+    """The contract names the night fixes for kernel.py (entry: the plan.json entry of the kernel
+    the night is on; None: no night, nothing fixed): the tag, the type and the shapes a run is
+    recorded under come from the plan, not from lines the agent may edit."""
+    if entry is None:
+        return {}
+    fixed = {"KERNEL_NAME": entry["name"], "KERNEL_TYPE": entry["kernel_type"]}
+    if entry.get("bench_shapes") is not None:
+        fixed["BENCH_SHAPES"] = [tuple(s) for s in entry["bench_shapes"]]
+    return fixed
+
+
+def night_disagreement(attrs, entry, shapes_read=True):
+    """The one line bench.py refuses kernel.py with when its KERNEL_NAME, KERNEL_TYPE or
+    BENCH_SHAPES disagree with the kernel the night is on (night_attrs); None when they agree.
+    shapes_read=False: the file did not parse, so only the names the regex found are compared."""
+    fixed = night_attrs(entry)
+    undo = ("(git diff kernel.py shows the edit; nothing was judged or recorded; another kernel: "
+            "`uv run orchestrate.py install NAME`)")
+    for key in ("KERNEL_NAME", "KERNEL_TYPE", "BENCH_SHAPES"):
+        if key not in fixed or (key == "BENCH_SHAPES" and not shapes_read):
+            continue
+        have, want = attrs.get(key), fixed[key]
+        if key == "BENCH_SHAPES":
+            try:
+                have = [tuple(int(d) for d in s) for s in have]
+            except (TypeError, ValueError):
+                pass
+        if have != want:
+            shown = f"{key} = {attrs[key]!r}" if key in attrs else f"no {key} line"
+            return (f"kernel.py has {shown}, but the night is on {entry['name']} (orchestrate.py's "
+                    f"current kernel; plan.json: {key} = {want!r}): put it back {undo}")
+    return None
 
 
 def load_module(path, name=None, source=None):

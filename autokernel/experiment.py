@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import autokernel as ak
-from autokernel import contract, gate, kinds, results, state, workspace
+from autokernel import contract, gate, kinds, results, source_check, state, workspace
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
 from autokernel.judge import (CHILD_LOG, COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
@@ -34,6 +34,7 @@ def run(args):
         print(f"kernel: {facts['kernel_rel']}")
         print(f"device: {facts['device']}")
         attrs, syntax_error = contract.read_file_attrs(facts["kernel"])
+        attrs.update(facts["night"])
         rows = results.read_rows(facts["results_tsv"])
         snapshot = state.Snapshot.take(facts["results_tsv"])
         snapshot.save()
@@ -87,12 +88,19 @@ def preflight(args):
                              f"restore or commit the change)")
     results.read_rows(results_tsv)  # malformed: a one-line refusal, nothing written
     results.check_writable(results_tsv)
+    night = workspace.night_kernel() if kernel == ak.KERNEL_PY.resolve() else None
+    if night:  # the night's record names the plan's kernel: kernel.py must agree with it
+        attrs, syntax_error = contract.read_file_attrs(kernel)
+        refused = contract.night_disagreement(attrs, night, shapes_read=syntax_error is None)
+        if refused:
+            raise UsageError(refused)
     device = torch.cuda.get_device_name() if ak.CUDA else "cpu-interpreter"
     if git_mode and not args.description.strip():
         raise UsageError('pass -m "what this version tries": the row\'s description, which '
                          'orchestrate.py and analysis.py show beside its verdict')
     return {"kernel": kernel, "kernel_rel": kernel_rel, "git_mode": git_mode,
-            "results_tsv": results_tsv, "device": device, "sha256": state.digest(kernel.read_bytes())}
+            "results_tsv": results_tsv, "device": device, "night": contract.night_attrs(night),
+            "sha256": state.digest(kernel.read_bytes())}
 
 
 def refuse_cuda_without_gpu(args):
@@ -111,8 +119,9 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
     """The stages and the timing, with the kernel (and the kept version) in child processes.
     Returns the outcome: correctness, reason, plan, stages and, on PASS, the timings."""
     outcome = {"correctness": "FAIL", "reason": "", "plan": fallback_plan(attrs, facts)}
-    if syntax_error:
-        return dict(outcome, reason=syntax_error)
+    refused = syntax_error or source_check.refusal(facts["kernel"])  # read before it runs
+    if refused:
+        return dict(outcome, reason=refused)
     deadline = time.monotonic() + args.timeout
     kept_source, best = kept_version(args, facts, attrs, rows)
     kept, unpaired = None, None if kept_source or not best else "its source is not in git"
@@ -128,7 +137,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
         if hello["status"] == "import_failed":
             return dict(outcome, reason=hello["error"])
         try:
-            plan = kinds.plan({**attrs, **hello.get("attrs", {})})
+            plan = kinds.plan({**attrs, **hello.get("attrs", {}), **facts["night"]})
             kind = kinds.of(plan["kernel_type"])
             missing = kind.missing_entry(hello)
             if missing:

@@ -8,8 +8,10 @@ one precision; bench.py judges a kernel.py in every dtype the problem allows.
 A row's verdict:
     correct    every stage passed; timed by the judge's clock against the problem's Model, eager
                and torch.compile'd (speedup = their time / the solution's)
-    incorrect  it ran and was wrong or dishonest: wrong values, NaN, elements left unwritten, a
-               torch compute op in forward (the heavy work handed to torch or to Model), a cached
+    incorrect  refused by the source check before it ran (autokernel/source_check.py: torch
+               doing the math, the dispatcher's internals, patching, ...), or it ran and was
+               wrong or dishonest: wrong values, NaN, elements left unwritten, a torch compute
+               op in forward (the heavy work handed to torch or to Model), a cached
                or aliased output, changed inputs, non-determinism, a timing contradiction,
                files changed during the run
     error      it could not be judged running: no ModelNew, an import error, ModelNew(...) or
@@ -36,7 +38,7 @@ from pathlib import Path
 import torch
 
 import autokernel as ak
-from autokernel import gate, kernelbench, state
+from autokernel import gate, kernelbench, source_check, state
 from autokernel.cli import UsageError, describe, one_line
 from autokernel.contract import KernelFileError
 from autokernel.judge import CHILD_LOG, ChildGone, ChildRunner, measure, tampered
@@ -172,8 +174,12 @@ def wall_limit(seconds):
 
 def run_solution(solution, plan, timeout, call_timeout):
     """bench.py's judgement of one kernel file, with the plan fixed by the scorer (a solution
-    cannot name another problem or type): the untrusted child, the stages, the timing; the repo
-    snapshotted before and restored after, every process it started killed."""
+    cannot name another problem or type): the source check, the untrusted child, the stages,
+    the timing; the repo snapshotted before and restored after, every process it started
+    killed."""
+    refused = source_check.refusal(solution)  # read before anything runs it
+    if refused:
+        return {"correctness": "FAIL", "reason": refused}
     # The judge's own helpers outlive each solution: inductor's compile workers (started by the
     # torch.compile baseline; killing them hangs the next problem's compile) and
     # multiprocessing's resource tracker (started with the first child; it tracks shared memory).

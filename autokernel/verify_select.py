@@ -13,7 +13,8 @@ Before any kernel is imported here, each file goes through the gate's correctnes
 (autokernel/regate.py: bench.py --correctness-only, fresh inputs, not timed: verify.py times the
 model itself) and each plan kernel's file must be the bytes of a kept row of results.tsv (the
 report names which: experiment, commit, recorded latency; it warns when a plan kernel has no kept
-version). A file that fails is left out and the run fails. --no-regate skips this for quick
+version), and a kept row on this branch that no plan kernel is named after is named on a line of
+its own. A file that fails is left out and the run fails. --no-regate skips this for quick
 checks.
 """
 import glob
@@ -26,6 +27,7 @@ from autokernel.cli import UsageError, describe
 from autokernel.contract import (KernelFileError, check_module, is_cuda_kernel, load_module,
                                  read_file_attrs, tag_of)
 from autokernel.endtoend import forward
+from autokernel.night import unplaced_keeps
 from autokernel.results import read_rows, rel
 from autokernel.kernel_call import Kernel
 from autokernel.swap import pluggable_types
@@ -68,9 +70,12 @@ def kernel_specs(args):
         if not Path(args.plan).exists():
             raise UsageError(f"no {rel(args.plan)}: run extract.py first, or pass --kernels "
                              "FILE[,FILE] or --starters")
+        plan = read_plan(args.plan)
         specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False)
-                 for name, k in plan_kernels(read_plan(args.plan)).items()]
+                 for name, k in plan_kernels(plan).items()]
         rows = None if args.no_regate else read_rows(args.results)
+        for line in unplaced_keeps(plan, rows or []):
+            print(line)
     if not specs:
         raise UsageError("no kernels to verify")
     specs = [(kernel_path(spec[0]),) + spec[1:] for spec in specs]

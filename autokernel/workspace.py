@@ -9,7 +9,8 @@ each) and the plan's kernel files.
                       {"model", "created", "profile", "device", "dtype", "input_shapes",
                        "total_op_us", "kernels": [{"name", "kernel_type", "file", "share",
                        "shapes", "rank", "bound", "amdahl_ceiling", ...}]}
-    orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py)
+    orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py); night_kernel
+                      reads its current kernel for bench.py
     verify.json       verify.py's report (see autokernel/verify_report.py)
     prepare.json      prepare.py's cache of ceilings and baseline times (autokernel.baselines)
     <name>.py         a plan kernel's file of record (plan.json's "file"), written only by
@@ -22,6 +23,7 @@ Writes are atomic (a temporary file, then a rename): a kill mid-write never leav
 import json
 from pathlib import Path
 
+import autokernel as ak
 from autokernel import KERNEL_TYPE_NAMES, PLAN_JSON, PROFILE_JSON
 from autokernel.cli import UsageError
 from autokernel.results import rel
@@ -115,3 +117,17 @@ def read_plan(path=PLAN_JSON):
 def plan_kernels(plan) -> dict:
     """name -> the plan's entry for it, in plan order."""
     return {k["name"]: k for k in plan["kernels"]}
+
+
+def night_kernel():
+    """The plan's entry for the kernel the night is on: orchestrate.py's current kernel (the
+    last visit in orchestrate.json, written for this plan.json). None without a night: no
+    readable plan.json or orchestrate.json, no visit yet, or the visits of an earlier plan."""
+    try:
+        plan = read_plan(ak.PLAN_JSON)
+        state = read_json(ak.ORCHESTRATE_JSON, "run `uv run orchestrate.py next`", "a visits file")
+        if state.get("plan_created") != plan.get("created"):
+            return None
+        return plan_kernels(plan).get(state["visits"][-1]["kernel"])
+    except (UsageError, KeyError, IndexError, TypeError, AttributeError):
+        return None

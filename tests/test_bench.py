@@ -8,7 +8,9 @@ results.tsv that pandas reads with the schema's columns, and leave the repo as c
 keep/revert decisions, --no-git, and the refusals (dirty harness, malformed results.tsv, no repo).
 tests/attacks/ holds kernels that attack the gate from their own process (forged reports, slowed
 clocks, wiped history, git moves, edited files, planted modules, leftover processes): none may be
-kept, and the night's rows, commits and files must come through intact.
+kept, and the night's rows, commits and files must come through intact. The source check
+refuses each of them before it runs (tests/test_source_check.py); their repos here are built
+without it, so that the defences behind it are tested too.
 
 The ~25 CLI runs (each pays torch's import) run two at a time in one module fixture.
 
@@ -44,7 +46,7 @@ GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1"
 # planted file -> (extra CLI args, expected correctness, a phrase the reason must contain).
 # Those that need a process of their own (or show the CLI's row) run through bench.py; every
 # other one is judged in-process too (test_planted_kernel_is_named_in_process), which is faster.
-CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort")
+CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort", "guard_off")
 PLANTED_CASES = {
     "syntax_error": ([], "FAIL", "syntax error"),
     "import_error": ([], "FAIL", "import error"),
@@ -61,6 +63,8 @@ PLANTED_CASES = {
     "out_of_memory": ([], "FAIL", "out of memory"),
     "torch_softmax": ([], "FAIL", "called torch compute op aten._softmax"),
     "torch_matmul": ([], "FAIL", "called torch compute op aten.mm"),
+    "guard_off": ([], "FAIL", "torch.utils._python_dispatch._disable_current_modes: the "
+                              "dispatcher's internals"),
     "cached_result": ([], "FAIL", "cached from an earlier call"),
     "returns_input": ([], "FAIL", "shares memory with input x"),
     "writes_input": ([], "FAIL", "modified its input x"),
@@ -80,14 +84,19 @@ def git(repo, *args):
                           check=True).stdout
 
 
-def make_repo(path, init_git=True):
-    """The harness and a good kernel.py, committed: what a user's checkout looks like."""
+def make_repo(path, init_git=True, source_check=True):
+    """The harness and a good kernel.py, committed: what a user's checkout looks like.
+    source_check=False: a harness without the source check (autokernel/source_check.py), for
+    the attacks on the defences behind it, which it would refuse before they run."""
     path.mkdir(parents=True)
     for name in REPO_FILES:
         shutil.copy(autokernel.ROOT / name, path / name)
     for folder in ("autokernel", "kernels"):  # the attacks' correct halves are the starters
         shutil.copytree(autokernel.ROOT / folder, path / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    if not source_check:
+        with open(path / "autokernel" / "source_check.py", "a") as f:
+            f.write("\nRULES = []  # this repo tests the defences behind the source check\n")
     shutil.copy(GOOD, path / "kernel.py")
     if init_git:
         git(path, "init", "-q")
@@ -135,7 +144,7 @@ def slower(text):
 # ---- scenarios (each in its own repo; run concurrently by the fixture) ----------------------
 
 def planted_scenario(root, name, folder=PLANTED, cases=PLANTED_CASES):
-    repo = make_repo(root / name)
+    repo = make_repo(root / name, source_check=folder != ATTACKS)
     shutil.copy(folder / f"{name}.py", repo / "kernel.py")
     extra = cases[name][0]
     run = run_bench(repo, "--timeout", "120", *extra, "-m", f"planted {name}")
@@ -204,7 +213,7 @@ def runs(tmp_path_factory):
         ("tampering", tampering_scenario), ("orphan", orphan_scenario),
         ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
-        ("kept_version", kept_version_scenario),
+        ("kept_version", kept_version_scenario), ("night", night_scenario),
         ("dirty_reference", dirty_reference_scenario),
         ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario),
         ("no_description", no_description_scenario)]})
@@ -333,7 +342,7 @@ def test_a_run_on_kernel_py_needs_a_description(runs):
 # ---- in-process pieces (no subprocess) ------------------------------------------------------
 
 IN_PROCESS = [n for n, (_, correctness, _) in PLANTED_CASES.items()
-              if correctness == "FAIL" and n not in ("syntax_error", "import_error")]
+              if correctness == "FAIL" and n not in CLI_CASES]
 
 
 @pytest.mark.parametrize("name", IN_PROCESS)
@@ -459,7 +468,7 @@ TAMPERING = ["wipes_results", "moves_branch", "edits_every_file", "plants_module
 
 def tampering_scenario(root):
     """A kept kernel, then each tampering attack in turn in the same repo."""
-    repo = make_repo(root / "tampering")
+    repo = make_repo(root / "tampering", source_check=False)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))  # a keep of its own commit
     kept = run_bench(repo, "-m", "the kept version")
     before = {"head": git(repo, "rev-parse", "HEAD"), "branch": git(repo, "branch",
@@ -485,7 +494,7 @@ def kept_version_scenario(root):
     kept version it finds on disk (its own TMPDIR: no other test's); one twice as slow that loads
     the machine outside its own windows; then a candidate whose kept version's source is gone
     from git, with an unbeatable record (1 us)."""
-    repo = make_repo(root / "kept_version")
+    repo = make_repo(root / "kept_version", source_check=False)
     (repo / "kernel.py").write_text(STARTER_REDUCE)
     kept = run_bench(repo, "-m", "the kept version")
     head = git(repo, "rev-parse", "HEAD")
@@ -504,6 +513,41 @@ def kept_version_scenario(root):
             "head": head, "head_after": git(repo, "rev-parse", "HEAD"), **snapshot(repo)}
 
 
+NIGHT_PLAN = {"model": "tiny", "created": "2026-01-01T00:00:00+00:00", "dtype": "fp16",
+              "kernels": [{"name": "reduce_1", "kernel_type": "reduce", "rank": 1,
+                           "file": "workspace/reduce_1.py", "share": 0.5, "shapes": [[4, 256]],
+                           "bench_shapes": [[4, 256]], "dtype": "fp16"}]}
+
+
+def night_scenario(root):
+    """A night on reduce_1 (plan.json and orchestrate.py's visit to it, kernel.py installed and
+    committed), then kernel.py without its KERNEL_NAME line, with other BENCH_SHAPES, and as
+    installed with an edit."""
+    import json
+    repo = make_repo(root / "night")
+    named = GOOD.read_text() + '\nKERNEL_NAME = "reduce_1"\n'
+    (repo / "workspace").mkdir(exist_ok=True)
+    (repo / "workspace" / "plan.json").write_text(json.dumps(NIGHT_PLAN))
+    (repo / "workspace" / "orchestrate.json").write_text(json.dumps(
+        {"version": 1, "plan_created": NIGHT_PLAN["created"],
+         "visits": [{"kernel": "reduce_1", "start": NIGHT_PLAN["created"], "first_row": 0,
+                     "left": None}]}))
+    (repo / "workspace" / "reduce_1.py").write_text(named)
+    (repo / "kernel.py").write_text(named)
+    git(repo, "commit", "-q", "-am", "orchestrate: switch to reduce_1")
+    unnamed = variant(GOOD.read_text(), 1)  # an edit, and the KERNEL_NAME line gone
+    (repo / "kernel.py").write_text(unnamed)
+    no_name = run_bench(repo, "-m", "renamed")
+    after_no_name = snapshot(repo)
+    (repo / "kernel.py").write_text(named.replace("[(4, 256)]", "[(4, 128)]"))
+    other_shapes = run_bench(repo, "-m", "smaller shapes")
+    (repo / "kernel.py").write_text(variant(named, 1))
+    kept = run_bench(repo, "-m", "an edit of the night's kernel")
+    return {"no_name": no_name, "after_no_name": after_no_name, "unnamed": unnamed,
+            "other_shapes": other_shapes, "kept": kept, "named": named,
+            "of_record": (repo / "workspace" / "reduce_1.py").read_text(), **snapshot(repo)}
+
+
 def planted_files(repo):
     """plants_modules' files, if they survived: json.py and the forged .pyc."""
     pycs = (repo / "autokernel" / "__pycache__").glob("results.*.pyc")
@@ -512,7 +556,7 @@ def planted_files(repo):
 
 
 def orphan_scenario(root):
-    repo = make_repo(root / "orphan")
+    repo = make_repo(root / "orphan", source_check=False)
     shutil.copy(ATTACKS / "leaves_a_process.py", repo / "kernel.py")
     pidfile = root / "orphan.pid"
     run = run_bench(repo, "--no-git", env=dict(GIT_ENV, AUTOKERNEL_TEST_PIDFILE=str(pidfile)))
@@ -615,6 +659,24 @@ def test_attack_is_refused_with_a_named_reason(runs, name):
         run["stdout"]
     assert r["commits"] == 1 and r["status"] == "" and r["kernel"] == GOOD.read_text()
     assert list(r["results"]["status"]) == ["revert"]
+
+
+def test_during_a_night_kernel_py_must_name_the_night_s_kernel(runs):
+    """The tag, shapes and file of record come from the night (orchestrate.py's current
+    kernel): a kernel.py that dropped its KERNEL_NAME line, or changed its BENCH_SHAPES, is
+    refused in one line before judging (no row, no new tag, the edit left in place)."""
+    r = runs["night"]
+    assert_one_line_refusal(r["no_name"], "no KERNEL_NAME line", "the night is on reduce_1",
+                            "KERNEL_NAME = 'reduce_1'")
+    after = r["after_no_name"]
+    assert after["results"] is None and after["kernel"] == r["unnamed"]  # nothing lost
+    assert_one_line_refusal(r["other_shapes"], "BENCH_SHAPES = [(4, 128)]", "[(4, 256)]")
+    keys = r["kept"]["keys"]
+    assert (keys["tag"], keys["correctness"], keys["status"]) == ("reduce_1", "PASS", "keep"), \
+        r["kept"]["stdout"]
+    assert keys["file_of_record"] == "workspace/reduce_1.py"
+    assert r["of_record"] == variant(r["named"], 1)
+    assert list(r["results"]["tag"]) == ["reduce_1"] and r["status"] == ""
 
 
 def test_no_process_outlives_the_verdict(runs):

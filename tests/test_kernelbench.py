@@ -296,7 +296,8 @@ def test_score_judges_each_solution_and_prints_fast_p(clis):
     assert verdicts == {"1_softmax": "correct", "2_log_softmax": "incorrect",
                         "3_sum_rows": "incorrect", "4_relu": "error", "5_scale_shift": "error",
                         "6_square": "missing"}, run["stdout"]
-    assert "aten.sum" in run["stdout"] and "SIGABRT" in run["stdout"]
+    # the torch-only solution is refused before it runs, by the source check
+    assert "torch.sum: torch doing the math" in run["stdout"] and "SIGABRT" in run["stdout"]
     assert "exceeded the 5 s limit for one call" in run["stdout"]
     header = next(line for line in lines if "baseline" in line).split()
     assert header == ["baseline", "fast_0", "fast_1", "fast_1.5", "fast_2"]

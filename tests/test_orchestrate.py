@@ -325,6 +325,28 @@ def test_state_is_rebuilt_when_missing_corrupt_or_stale(repo, capsys):
     assert "no kernel 'nope'" in err and err.count("\n") == 1
 
 
+def test_the_night_kernel_is_orchestrates_current_one(repo, capsys):
+    """bench.py's night (workspace.night_kernel): the plan entry of the last visit, only while
+    orchestrate.json was written for this plan.json; kernel.py must agree with its names."""
+    from autokernel import contract
+    plan = ak.PLAN_JSON.read_text()
+    ak.PLAN_JSON.unlink()
+    assert workspace.night_kernel() is None  # no plan: no night
+    ak.PLAN_JSON.write_text(plan)
+    assert workspace.night_kernel() is None  # a plan, no visit yet
+    run_cli(capsys, "next", "--now", T0.isoformat())
+    entry = workspace.night_kernel()
+    assert entry["name"] == "reduce_1"
+    attrs = {"KERNEL_TYPE": "reduce", "KERNEL_NAME": "reduce_1"}
+    assert contract.night_disagreement(attrs, entry) is None
+    assert "no KERNEL_NAME line" in contract.night_disagreement({"KERNEL_TYPE": "reduce"}, entry)
+    assert "KERNEL_NAME = 'reduce'" in contract.night_disagreement(
+        dict(attrs, KERNEL_NAME="reduce"), entry)
+    assert contract.night_attrs(entry)["KERNEL_NAME"] == "reduce_1"
+    ak.PLAN_JSON.write_text(json.dumps(dict(json.loads(plan), created="2026-02-02T00:00:00")))
+    assert workspace.night_kernel() is None  # a new plan: a new night, not yet begun
+
+
 def test_status_projection(repo, capsys):
     run_cli(capsys, "next", "--now", T0.isoformat())
     rows = []

@@ -570,6 +570,33 @@ def test_hf_gpt2_conv1d_addmm_swaps(tmp_path, capsys):
     assert entries["matmul"]["notes"] == []  # Conv1D's bias goes into the kernel's epilogue
 
 
+def test_a_keep_the_plan_cannot_place_is_named(tmp_path, capsys):
+    """A kept row on this branch whose tag no plan kernel has (kernel.py judged under another
+    name) is named on a line of its own; a plan kernel's keep and a row of another branch not."""
+    from autokernel.results import append_row
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    plan = {"created": "2026-01-01T00:00:00+00:00",
+            "kernels": [{"name": "softmax_1", "kernel_type": "softmax", "share": 0.5,
+                         "file": str(KDIR / "softmax.py"), "shapes": [[4, 64]]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    tsv = tmp_path / "results.tsv"
+    for n, tag, commit in ((1, "softmax_1", head), (2, "softmax", head), (3, "reduce", "0" * 40)):
+        append_row({"experiment": n, "tag": tag, "kernel_type": tag.split("_")[0],
+                    "latency_us": 9.0, "correctness": "PASS", "status": "keep",
+                    "commit": commit}, tsv)
+
+    class Args:
+        kernels, starters, plan, no_regate = None, False, str(tmp_path / "plan.json"), False
+        results = str(tsv)
+    specs, rows = verify.kernel_specs(Args)
+    assert [s[1] for s in specs] == ["softmax_1"] and len(rows) == 3
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines == [f"unplaced keep: experiment 2, tag softmax, commit {head}: no kernel of "
+                     f"plan.json is named 'softmax', so it is neither verified nor exported (its "
+                     f"code: git show {head}:kernel.py)"]
+
+
 def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
     bad_type = tmp_path / "bad.py"
     bad_type.write_text('KERNEL_TYPE = "conv"\ndef kernel_fn(x):\n    return x\n')
