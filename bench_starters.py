@@ -39,8 +39,7 @@ from pathlib import Path
 
 import torch
 
-import reference
-from autokernel import CUDA, DEVICE, KERNEL_TYPES, baselines
+from autokernel import CUDA, DEVICE, KERNEL_TYPES, baselines, reference
 from autokernel.cli import ArgumentParser, describe, run_main
 from autokernel.contract import KernelFileError, check_module, load_module
 

@@ -17,7 +17,8 @@ Where it is used (the folder's parent on PYTHONPATH, or the folder copied next t
 
 The kernels: those of workspace/plan.json whose file is a kept version in results.tsv, byte for
 byte the version bench.py judged (a kernel with no kept version is left out; a file edited after
-its keep stops the export). Exporting does not re-gate: verify.py is the morning re-check, and
+its keep stops the export; a kept row on this branch that no plan kernel is named after is named
+on a line of its own). Exporting does not re-gate: verify.py is the morning re-check, and
 the package's smoke test checks each kernel on the machine it runs on. The package's layout and
 manifest: autokernel/export.py. An earlier export of the same name in --out is replaced.
 
@@ -32,6 +33,7 @@ import sys
 import autokernel
 from autokernel import export
 from autokernel.cli import ArgumentParser, UsageError, run_main
+from autokernel.night import unplaced_keeps
 from autokernel.results import read_rows, rel
 from autokernel.workspace import read_plan
 
@@ -49,7 +51,10 @@ def _export(argv):
     else:
         plan = read_plan(args.plan)
         print(f"kept kernels of {rel(args.plan)}:")
-        kernels = export.kept_kernels(plan, read_rows(args.results))
+        rows = read_rows(args.results)
+        kernels = export.kept_kernels(plan, rows)
+        for line in unplaced_keeps(plan, rows):
+            print(line)
         if not kernels:
             raise UsageError(f"nothing to export: no kernel of {rel(args.plan)} has a kept "
                              f"version in {rel(args.results)} (run the night first, or pass "

@@ -56,16 +56,15 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
 """
 import argparse
 import sys
-import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
 import autokernel
 from autokernel import KERNEL_TYPES
 from autokernel.cli import ArgumentParser, UsageError, fail, run_main
-from autokernel.contract import read_attrs
+from autokernel.contract import kernel_source, read_attrs, shape_list
 from autokernel.results import rel
-from autokernel.workspace import read_profile, write_json
+from autokernel.workspace import read_profile, write_json, write_kernel_file
 
 
 class WorkExists(UsageError):
@@ -155,29 +154,6 @@ def bench_shapes(ktype, shapes, cpu):
     return out
 
 
-def shape_list(shapes):
-    return ", ".join("x".join(map(str, s)) for s in shapes)
-
-
-def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None, variant=None):
-    """The starter with the contract block appended. real_shapes: the model's shapes when
-    `shapes` are CPU-scaled versions of them (the comment says so); variant: the model's variant
-    of the type's contract (BENCH_VARIANT, when it is not the default)."""
-    shape_lines = "".join(f"    {tuple(s)!r},\n" for s in shapes)
-    scaled = "" if real_shapes is None else textwrap.fill(
-        "CPU mode: BENCH_SHAPES are the model's shapes scaled down for Triton's interpreter (no "
-        "dimension beyond the type's own CPU shapes; each shrunk one keeps its remainder modulo "
-        f"16). The real ones, in plan.json: {shape_list(real_shapes)}", 99,
-        initial_indent="# ", subsequent_indent="# ", break_long_words=False,
-        break_on_hyphens=False) + "\n"
-    return (starter_text.rstrip("\n") + "\n\n\n"
-            f"# --- appended by extract.py: the shapes {model} runs, most time first ---\n"
-            f"KERNEL_NAME = {name!r}\n"
-            f"{scaled}BENCH_SHAPES = [\n{shape_lines}]\n"
-            f"BENCH_DTYPE = {dtype!r}\n"
-            + (f"BENCH_VARIANT = {variant!r}\n" if variant else ""))
-
-
 def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=False,
                  backend="triton"):
     """Write workspace/<type>_<rank>.py (cpu: with CPU-scaled BENCH_SHAPES); returns the plan
@@ -201,8 +177,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     if path.exists() and path.read_text() != source and not force:
         raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
                          "to overwrite, skipped")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
+    write_kernel_file(path, source)
     share = candidate["share"]
     return {"rank": rank, "name": name, "kernel_type": ktype, "file": rel(path),
             "shapes": candidate["shapes"], "bench_shapes": shapes, "dtype": profile["dtype"],

@@ -6,7 +6,9 @@ Usage:
     uv run orchestrate.py status          # per kernel: runs, kept, best, share, model projection
     uv run orchestrate.py next            # stay on the current kernel, or save it and install the next
     uv run orchestrate.py install NAME    # switch to NAME by hand (saves the current one first)
-    flags: --max-reverts 5 --peak-pct 90 --max-hours 2 --target-speedup 2
+    uv run orchestrate.py rewrite         # the current kernel's CUDA C++ starter into kernel.py:
+                                          #   a visit of its own (GPU only)
+    flags: --max-reverts 5 --rewrite-reverts 10 --peak-pct 90 --max-hours 2 --target-speedup 2
            --now 2025-01-01T03:00:00  (or AUTOKERNEL_NOW=...: an injectable clock for tests)
 
 Inputs: workspace/plan.json (extract.py: kernels in priority order, each with its share of model
@@ -15,29 +17,39 @@ workspace/orchestrate.json is only a cache of the visits, rebuilt from results.t
 when missing, corrupt, stale or written for an earlier plan.json (a new plan is a new night):
     {"version": 1, "plan_created": str,
      "visits": [{"kernel": NAME, "start": ISO time, "first_row": index of the visit's first
-                 results.tsv row, "left": null or why the agent moved on}]}
-The current kernel is the last visit's.
+                 results.tsv row, "left": null or why the agent moved on,
+                 "rewrite": "cuda" on a rewrite visit only}]}
+The current kernel is the last visit's. A rewrite visit is also recorded in git: its commit's
+subject names the kernel and the row it starts at, so a rebuilt state has it too.
 
 Move on from the current kernel when any of these holds, counted within the current visit:
-5 consecutive reverts (plateau), the best kept row at >= 90% of the attainable peak, 2 hours
-since it was installed, or a 2x speedup. The 2x is measured from where the visit started: on the
-first visit against eager PyTorch (speedup_vs_pytorch, the op the model runs today) when the
-timing is valid, else against the kernel's first PASS row (the starter; CPU mode); on a revisit
-against the best kept latency when the visit began.
+5 consecutive reverts (plateau; 10 on a rewrite visit), the best kept row at >= 90% of the
+attainable peak, 2 hours since the visit began, or a 2x speedup. The 2x is measured from where
+the visit started: on the first visit against eager PyTorch (speedup_vs_pytorch, the op the
+model runs today) when the timing is valid, else against the kernel's first PASS row (the
+starter; CPU mode); on a revisit or a rewrite against the best kept latency when it began.
 
 Next kernel: the first never-visited one in plan order (extract.py sorts by share of model
 time). Once all have been visited (all plateaued), revisit the one that still takes the most
 model time, share / speedup, skipping kernels at the peak; never the one just left unless it is
-the only one. `next` saves the current kernel's best (HEAD's kernel.py: bench.py commits every
-keep) into its workspace file, copies the next one into kernel.py and commits that switch, so
-bench.py's revert restores the right kernel. While kernel.py holds an edit no full bench.py run
-has judged (after `bench.py --quick`), `next` answers `stay` and says to judge it first: a switch
-would lose the edit.
+the only one. `next` saves the current kernel's best (kernel.py at its latest keep's commit in
+results.tsv: bench.py commits every keep; HEAD's when it has none) into its workspace file,
+copies the next one into kernel.py and commits that switch, so bench.py's revert restores the
+right kernel. While kernel.py holds an edit no full bench.py run has judged (after `bench.py
+--quick`), `next` answers `stay` and says to judge it first: a switch would lose the edit.
+
+A CUDA C++ rewrite (`rewrite`, on a GPU) replaces kernel.py's code with kernels/cuda/<type>.py
+under the same name, shapes, dtype and variant, commits it and opens a new visit of the same
+kernel: its own 2 hours, its speedup measured from the best when it began, and a revert budget
+of its own (--rewrite-reverts), since a rewrite takes several experiments before it beats the
+kept Triton version. Its reverts restore the committed CUDA starter; bench.py keeps a version
+only once it beats the kept one, and until then the workspace file keeps the Triton best.
 
 The statistics and the Amdahl projection come from autokernel/night.py.
 """
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,9 +57,10 @@ from datetime import datetime, timezone
 import autokernel as ak
 from autokernel import git, night
 from autokernel.cli import ArgumentParser, UsageError, run_main
-from autokernel.contract import tag_of_source
+from autokernel.contract import kernel_source, read_attrs, tag_of_source
 from autokernel.results import read_rows, rel
-from autokernel.workspace import plan_kernels, read_json, read_plan, write_json
+from autokernel.workspace import (plan_kernels, read_json, read_plan, write_json,
+                                  write_kernel_file)
 
 # Paths are read from `ak` at call time (ak.ROOT, ak.PLAN_JSON, ...), never bound at import, so
 # the tests can point them at a temporary repo.
@@ -56,6 +69,7 @@ from autokernel.workspace import plan_kernels, read_json, read_plan, write_json
 @dataclass
 class Limits:
     max_reverts: int = 5
+    rewrite_reverts: int = 10  # a CUDA C++ rewrite visit's budget
     peak_pct: float = 90.0
     max_hours: float = 2.0
     target_speedup: float = 2.0
@@ -64,9 +78,11 @@ class Limits:
 def main(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", "next", "install"])
+    parser.add_argument("command", choices=["status", "next", "install", "rewrite"])
     parser.add_argument("name", nargs="?", help="kernel name from plan.json (install only)")
     parser.add_argument("--max-reverts", type=int, default=Limits.max_reverts)
+    parser.add_argument("--rewrite-reverts", type=int, default=Limits.rewrite_reverts,
+                        help="consecutive reverts before a rewrite visit moves on")
     parser.add_argument("--peak-pct", type=float, default=Limits.peak_pct)
     parser.add_argument("--max-hours", type=float, default=Limits.max_hours)
     parser.add_argument("--target-speedup", type=float, default=Limits.target_speedup)
@@ -74,9 +90,11 @@ def main(argv=None):
                                       "clock)")
     args = parser.parse_args(argv)
     if (args.command == "install") != (args.name is not None):
-        parser.error("install takes a kernel NAME; status and next take none")
-    limits = Limits(args.max_reverts, args.peak_pct, args.max_hours, args.target_speedup)
-    command = {"status": cmd_status, "next": cmd_next, "install": cmd_install}[args.command]
+        parser.error("install takes a kernel NAME; status, next and rewrite take none")
+    limits = Limits(args.max_reverts, args.rewrite_reverts, args.peak_pct, args.max_hours,
+                    args.target_speedup)
+    command = {"status": cmd_status, "next": cmd_next, "install": cmd_install,
+               "rewrite": cmd_rewrite}[args.command]
     command(args, limits)
 
 
@@ -124,6 +142,39 @@ def cmd_install(args, limits):
     state = load_state(plan, rows, now)
     lines = switch(plan, rows, state, args.name, "switched by hand (orchestrate.py install)", now)
     report("switch", args.name, "installed by hand", lines)
+
+
+def cmd_rewrite(args, limits):
+    plan, rows, now = read_inputs(args)
+    require_git()
+    state = load_state(plan, rows, now)
+    if not state["visits"]:
+        raise UsageError("no current kernel to rewrite: run `uv run orchestrate.py next` first")
+    name = state["visits"][-1]["kernel"]
+    require_clean_kernel_py()
+    if read_attrs(head_kernel_source() or "")[0].get("BACKEND") == "cuda":
+        raise UsageError(f"{name} in kernel.py is CUDA C++ already: go on editing it")
+    if not ak.CUDA:
+        raise UsageError("CUDA C++ kernels need an NVIDIA GPU and this machine has none: stay "
+                         "in Triton")
+    entry = plan_kernels(plan)[name]
+    starter = ak.starters_dir("cuda") / f"{entry['kernel_type']}.py"
+    if not starter.is_file():
+        raise UsageError(f"{rel(starter)} is missing: no CUDA C++ starter for "
+                         f"{entry['kernel_type']}, stay in Triton")
+    # A CUDA kernel runs only on a GPU: the model's real shapes, as extract.py --backend cuda.
+    ak.KERNEL_PY.write_text(kernel_source(
+        starter.read_text(), name, entry["shapes"], entry["dtype"], plan.get("model", "?"),
+        variant=entry.get("variant"), writer="orchestrate.py rewrite"))
+    commit = git.commit_file("kernel.py", rewrite_subject(name, len(rows)), cwd=ak.ROOT)
+    state["visits"][-1]["left"] = "rewrite in CUDA C++"
+    state["visits"].append({"kernel": name, "start": now.isoformat(), "first_row": len(rows),
+                            "left": None, "rewrite": "cuda"})
+    write_json(ak.ORCHESTRATE_JSON, state, indent=2)
+    report("rewrite", name, f"a visit of its own: {limits.rewrite_reverts} consecutive reverts "
+                            f"before `next` moves on, {limits.max_hours:g} h",
+           [f"installed: {rel(starter)} -> kernel.py (commit {commit})",
+            "next: read kernel.py, then run `uv run bench.py -m \"baseline: CUDA starter\"`"])
 
 
 def cmd_status(args, limits):
@@ -222,10 +273,35 @@ def head_kernel_name(plan):
     return name if name in plan_kernels(plan) else None
 
 
+def best_source(name, rows, head):
+    """The kernel's best kept version: kernel.py at the commit of its latest keep (each keep
+    beats the one before; a rewrite's committed starter is no keep), else HEAD's (head)."""
+    for r in reversed(rows):
+        if r["tag"] == name and night.is_kept(r) and r["commit"]:
+            source = git.show(r["commit"], "kernel.py", cwd=ak.ROOT)
+            if source is not None and tag_of_source(source) == name:
+                return source
+    return head
+
+
+def rewrite_subject(name, first_row):
+    return f"orchestrate: rewrite {name} in CUDA C++ (from results.tsv row {first_row})"
+
+
+REWRITE_SUBJECT = re.compile(r"orchestrate: rewrite (\S+) in CUDA C\+\+ \(from results\.tsv "
+                             r"row (\d+)\)")
+
+
+def rewrites_in_git():
+    """(kernel, first_row) of each rewrite commit on the branch, oldest first."""
+    log = git.git("log", "--reverse", "--format=%s", "--grep=^orchestrate: rewrite ",
+                  cwd=ak.ROOT).stdout
+    return [(m[1], int(m[2])) for m in map(REWRITE_SUBJECT.fullmatch, log.splitlines()) if m]
+
+
 def switch(plan, rows, state, name, why, now):
-    """Save HEAD's kernel.py (the current kernel's best kept version: bench.py commits every
-    keep) to its workspace file, copy `name`'s file into kernel.py, commit, open a new visit.
-    Returns the lines to print."""
+    """Save the current kernel's best kept version (best_source) to its workspace file, copy
+    `name`'s file into kernel.py, commit, open a new visit. Returns the lines to print."""
     kernels = plan_kernels(plan)
     if name not in kernels:
         raise UsageError(f"no kernel {name!r} in plan.json: choose one of {', '.join(kernels)}")
@@ -243,9 +319,7 @@ def switch(plan, rows, state, name, why, now):
     head = head_kernel_source()
     head_name = tag_of_source(head) if head else None
     if head_name in kernels:
-        saved = ak.ROOT / kernels[head_name]["file"]
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        saved.write_text(head)
+        write_kernel_file(ak.ROOT / kernels[head_name]["file"], best_source(head_name, rows, head))
         lines.append(f"saved: {head_name}'s best kept version -> {kernels[head_name]['file']}")
     ak.KERNEL_PY.write_text(source)
     commit = None if head == source else \
@@ -338,7 +412,30 @@ def rebuild_state(plan, rows, head_name, now):
             visits[-1]["left"] = "rebuilt from results.tsv"
         visits.append({"kernel": head_name, "start": now.isoformat(), "first_row": len(rows),
                        "left": None})
+    if git.is_own_repo(ak.ROOT):
+        for name, first in rewrites_in_git():
+            split_rewrite(visits, rows, name, first, now)
     return {"version": 1, "plan_created": plan.get("created"), "visits": visits}
+
+
+def split_rewrite(visits, rows, name, first, now):
+    """Mark the rewrite of `name` from row `first` on: a visit of its own, split off the visit
+    of `name` that holds that row (nothing when no visit of `name` does)."""
+    for i, v in enumerate(visits):
+        end = visits[i + 1]["first_row"] if i + 1 < len(visits) else len(rows) + 1
+        if v["kernel"] != name or not v["first_row"] <= first < end:
+            continue
+        if first == v["first_row"]:
+            v["rewrite"] = "cuda"
+            return
+        try:
+            start = parse_time(rows[first]["timestamp"]).isoformat()
+        except (IndexError, ValueError):
+            start = now.isoformat()
+        v["left"] = "rewrite in CUDA C++"
+        visits.insert(i + 1, {"kernel": name, "start": start, "first_row": first, "left": None,
+                              "rewrite": "cuda"})
+        return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,14 +462,19 @@ def visit_progress(rows, visit, now):
         visit_speedup = earlier["best_us"] / stats["best_us"]
     hours = (now - parse_time(visit["start"])).total_seconds() / 3600
     return {"kernel": visit["kernel"], "streak": streak, "hours": hours,
-            "visit_speedup": visit_speedup, "pct_peak": stats["pct_peak"]}
+            "visit_speedup": visit_speedup, "pct_peak": stats["pct_peak"],
+            "rewrite": bool(visit.get("rewrite"))}
+
+
+def revert_limit(p, limits):
+    return limits.rewrite_reverts if p["rewrite"] else limits.max_reverts
 
 
 def move_on_reasons(p, limits):
-    reasons = []
-    if p["streak"] >= limits.max_reverts:
-        reasons.append(f"{p['streak']} consecutive reverts (limit {limits.max_reverts}): "
-                       f"plateaued")
+    reasons, most = [], revert_limit(p, limits)
+    if p["streak"] >= most:
+        reasons.append(f"{p['streak']} consecutive reverts (limit {most}"
+                       f"{', a CUDA rewrite' if p['rewrite'] else ''}): plateaued")
     if p["pct_peak"] >= limits.peak_pct:
         reasons.append(f"best at {p['pct_peak']:.0f}% of attainable peak "
                        f"(limit {limits.peak_pct:g}%)")
@@ -386,7 +488,8 @@ def move_on_reasons(p, limits):
 
 def progress_line(p, limits):
     peak = "n/a" if p["pct_peak"] != p["pct_peak"] else f"{p['pct_peak']:.0f}%"
-    return (f"{p['streak']} of {limits.max_reverts} consecutive reverts, "
+    rewrite = " (a CUDA rewrite)" if p["rewrite"] else ""
+    return (f"{p['streak']} of {revert_limit(p, limits)} consecutive reverts{rewrite}, "
             f"{p['hours']:.1f} of {limits.max_hours:g} h, "
             f"{p['visit_speedup']:.2f}x of {limits.target_speedup:g}x this visit, "
             f"{peak} of {limits.peak_pct:g}% peak")

@@ -14,7 +14,7 @@ types or a named group (elementwise, copy/cast, embedding, ...), and rank them.
 How the time is attributed: every GPU kernel (on a CPU: every op's self time) belongs to the
 innermost `autokernel::` scope it ran in -- the profiled forwards run the model's captured
 graphs with every computation that IS a kernel type (an RMSNorm, a gated MLP, rotary, attention
-written out, ... whoever wrote it) in such a scope (autokernel/patterns.py) -- or else to the
+written out, ... whoever wrote it) in such a scope (autokernel/graph_capture.py) -- or else to the
 outermost aten op that launched it (aten::linear, not the aten::addmm inside it). Which kernel
 type an op is: autokernel/recognize.py; the model flags: models/load.py. Wall time is
 measured in a separate run without the profiler, so "GPU busy" = GPU kernel time / wall time is
@@ -79,7 +79,7 @@ from torch.profiler import ProfilerActivity
 
 from autokernel.baselines import roofline_ceilings
 from autokernel.cli import ArgumentParser, UsageError, describe, run_main
-from autokernel.patterns import recognized_forward
+from autokernel.graph_capture import recognized_forward
 from autokernel.recognize import GROUP_BOUND, OTHER, SCOPE_PREFIX, classify_event
 from autokernel.swap import pluggable_types
 from autokernel.workspace import write_json

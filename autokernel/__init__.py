@@ -9,13 +9,21 @@ sys.modules here. Everything else lives in a module with one job:
     kernel_types  the one table of kernel types (inputs, oracle, FLOP/byte counts, shape sets,
                   tolerances, adversarial inputs) and CPU mode (TRITON_INTERPRET=1 without a
                   GPU, set before triton is imported); importing it imports torch
+    reference     each type's float64 oracle and eager version (what kernel_fn must compute)
     contract      the kernel file contract           results    results.tsv and the keep rule
     workspace     profile.json, plan.json, ...      baselines  prepare.json: ceilings, baselines
     gate          the five stages (the judge)        child      the untrusted kernel process
+    judge         that process seen from the judge   experiment one bench.py run, its row
+    kinds         the kinds of problem the judge asks about (kernel types, KernelBench)
     timing        paired rounds, the judge's clock   state      lock, snapshot/restore, reaping
     regate        the morning re-check               swap       how a kernel gets into a model
+    kernel_call   a kernel file as a checked call    weight_cache  the matmul's weight copies
+    patching      torch calls with a rule's handler in front, undone after the block
+    swap_torch, swap_modules, swap_hf  the swap rules: torch calls, modules, transformers
     endtoend      running and timing whole models    recognize  which kernel type an op is
-    patterns      which kernel type a computation in the captured graph is, whoever wrote it
+    graph_capture which kernel type a computation in the captured graph is, whoever wrote it:
+                  patterns(_rotary) spell the types, matches picks the blocks, fx_vocabulary
+                  names the graph's ops, mask_values evaluates masks
     night         per-kernel stats, Amdahl            gpus       datasheet peaks; is_rocm()
     ops           a kernel file as a torch custom op  cuda_build CUDA C++ sources compiled
     export        the package export.py writes        kernelbench(_score, _setup) KernelBench
@@ -75,7 +83,7 @@ def starters_dir(backend="triton"):
 
 
 # Files bench.py refuses to judge with when they differ from the committed version.
-HARNESS_FILES = ("bench.py", "reference.py", "autokernel")
+HARNESS_FILES = ("bench.py", "autokernel")
 # The registered kernel types, in the table's order (autokernel.kernel_types.KERNEL_TYPES).
 KERNEL_TYPE_NAMES = ("matmul", "softmax", "layernorm", "rmsnorm", "flash_attention", "fused_mlp",
                      "cross_entropy", "rotary_embedding", "reduce", "qkv_rotary")

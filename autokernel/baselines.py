@@ -58,8 +58,7 @@ import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before tri
 
 import torch
 
-import reference
-from autokernel import CUDA, DEVICE, KERNEL_TYPES, KernelType
+from autokernel import CUDA, DEVICE, KERNEL_TYPES, KernelType, reference
 from autokernel.cli import describe
 from autokernel.gpus import gpu_spec
 from autokernel.workspace import write_json

@@ -6,7 +6,7 @@ whose projections are called gate_proj/up_proj/down_proj or w_gate/w_up/w_down, 
 F.layer_norm and F.rms_norm). A user's `class Norm(nn.Module)` whose forward spells
 `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight`, or Meta's LLaMA
 `FeedForward` (`self.w2(F.silu(self.w1(x)) * self.w3(x))`), is recognized by profile.py
-(autokernel/patterns.py) but would never reach a kernel. Here such a module is recognized the
+(autokernel/graph_capture.py) but would never reach a kernel. Here such a module is recognized the
 same way and confirmed by numbers before it is swapped:
   1. its forward is captured under Dynamo on a small probe input and matched by the patterns;
      it qualifies when the whole forward is one match of a type below (its output is the
@@ -24,7 +24,8 @@ step 3 runs for every module.
 import torch
 import torch.nn as nn
 
-from autokernel import patterns
+from autokernel import graph_capture
+from autokernel.fx_vocabulary import number, op
 from autokernel.kernel_types import TOLERANCES
 
 
@@ -75,7 +76,7 @@ def norm_reading(module, ktype, eps):
     """{"eps", "weight", "bias"} for the norm kernel when the module's output confirms them,
     else the reason it does not. The weight is the module's own, or 1 + it (Gemma's RMSNorm
     scales by 1 + weight: a copy made here, at install)."""
-    import reference
+    from autokernel import reference
     weight, bias = module.weight, getattr(module, "bias", None)
     scales = torch.tensor([1.0, 1e-3, 1e-4], device=weight.device).repeat_interleave(2)
     x = (torch.randn(6, weight.shape[0], device=weight.device) * scales[:, None]).to(weight.dtype)
@@ -95,7 +96,7 @@ def mlp_reading(module):
     """{"w_gate", "w_up", "w_down"} for the fused_mlp kernel: the order of the two D -> F
     weights (two projections, or the halves of a fused one) that reproduces the module's
     output, else the reason none does."""
-    import reference
+    from autokernel import reference
     (a, b), down = _projections(_linears(module))
     x = torch.randn(6, down.out_features, device=down.weight.device).to(down.weight.dtype)
     for gate, up in ((a, b), (b, a)):
@@ -136,15 +137,15 @@ def _graph_verdict(module):
     x = torch.randn(4, like.shape[0], device=like.device, dtype=like.dtype)
     try:
         with torch.no_grad():
-            _, matches = patterns.capture(_probe(module), (x,))
+            _, matches = graph_capture.capture(_probe(module), (x,))
     except Exception:  # noqa: BLE001  (an untraceable forward keeps its own)
         return None, None
     if len(matches) != 1 or matches[0].ktype not in TYPES or matches[0].shape is None \
             or matches[0].variant.get("affine") is False or not _is_output(matches[0].output):
         return None, None
     match = matches[0]
-    eps = next((float(a) for n in match.nodes if patterns.op(n) == "add"
-                for a in n.args if patterns._number(a)), 0.0)
+    eps = next((float(a) for n in match.nodes if op(n) == "add"
+                for a in n.args if number(a)), 0.0)
     return match.ktype, eps if match.ktype != "fused_mlp" else None
 
 

@@ -3,7 +3,8 @@ The kernel file contract (kernel.py, kernels/<type>.py, workspace/<name>.py): wh
 define, read one way by every script.
 
     KERNEL_TYPE  = "softmax"          # one of the registered types (autokernel.KERNEL_TYPES)
-    KERNEL_NAME  = "softmax_1"        # optional: the tag in results.tsv and plan.json
+    KERNEL_NAME  = "softmax_1"        # optional: the tag in results.tsv and plan.json (during
+                                      #   a night, kernel.py's must be the plan's: night_attrs)
     BACKEND      = "triton"           # optional: "triton" (default) or "cuda" (CUDA C++ source
                                       #   built by autokernel/cuda_build.py; needs a GPU to run)
     BENCH_SHAPES = [(4096, 50257)]    # optional: the shapes that matter (the first is timed)
@@ -13,7 +14,8 @@ define, read one way by every script.
 
 A KernelBench problem's solution instead sets KERNEL_TYPE = "kernelbench", KERNELBENCH_PROBLEM
 (the problem file) and KERNELBENCH_SHA256 (its bytes' hash) and defines ModelNew in place of
-kernel_fn (autokernel/kernelbench.py; `uv run kernelbench.py setup PROBLEM.py` writes one).
+kernel_fn (autokernel/kernelbench.py; `uv run kernelbench.py setup PROBLEM.py` writes one): another
+kind of problem (autokernel/kinds.py), planned by its own module; `plan` here plans kernel types.
 
 The names are read from the source without running it (`read_attrs`), so a row can be tagged
 even when the file does not import; `load` imports the file and checks the same names.
@@ -24,6 +26,7 @@ import importlib.util
 import linecache
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from autokernel import KERNEL_TYPE_NAMES
@@ -79,18 +82,41 @@ def tag_of_source(source):
     return tag_of(read_attrs(source)[0]) or None
 
 
+def shape_list(shapes):
+    """[[8, 1024], [4, 64]] -> "8x1024, 4x64"."""
+    return ", ".join("x".join(map(str, s)) for s in shapes)
+
+
+def kernel_source(starter_text, name, shapes, dtype, model, real_shapes=None, variant=None,
+                  writer="extract.py"):
+    """A starter with the contract block appended (KERNEL_NAME, BENCH_SHAPES, BENCH_DTYPE,
+    BENCH_VARIANT): the kernel files extract.py and `orchestrate.py rewrite` write. real_shapes:
+    the model's shapes when `shapes` are CPU-scaled versions of them (the comment says so);
+    variant: the model's variant of the type's contract (BENCH_VARIANT, when not the default)."""
+    shape_lines = "".join(f"    {tuple(s)!r},\n" for s in shapes)
+    scaled = "" if real_shapes is None else textwrap.fill(
+        "CPU mode: BENCH_SHAPES are the model's shapes scaled down for Triton's interpreter (no "
+        "dimension beyond the type's own CPU shapes; each shrunk one keeps its remainder modulo "
+        f"16). The real ones, in plan.json: {shape_list(real_shapes)}", 99,
+        initial_indent="# ", subsequent_indent="# ", break_long_words=False,
+        break_on_hyphens=False) + "\n"
+    return (starter_text.rstrip("\n") + "\n\n\n"
+            f"# --- appended by {writer}: the shapes {model} runs, most time first ---\n"
+            f"KERNEL_NAME = {name!r}\n"
+            f"{scaled}BENCH_SHAPES = [\n{shape_lines}]\n"
+            f"BENCH_DTYPE = {dtype!r}\n"
+            + (f"BENCH_VARIANT = {variant!r}\n" if variant else ""))
+
+
 def plan(attrs) -> dict:
-    """What to judge a kernel file at, from its contract names: {"kernel_type", "tag", "shape"
-    (the timed one), "shape_str", "bench_shapes", "dtype", "variant", "backend"}. Raises
+    """What to judge a kernel type's file at, from its contract names: {"kernel_type", "tag",
+    "shape" (the timed one), "shape_str", "bench_shapes", "dtype", "variant", "backend"}. Raises
     KernelFileError."""
     from autokernel.kernel_types import DTYPE_NAMES, KERNEL_TYPES, parse_dtype
     name = attrs.get("KERNEL_TYPE")
     if name is None:
         raise KernelFileError(f"kernel file defines no KERNEL_TYPE; set it to one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
-    if name == "kernelbench":
-        from autokernel import kernelbench
-        return kernelbench.plan(attrs)
     if name not in KERNEL_TYPE_NAMES:
         raise KernelFileError(f"unknown KERNEL_TYPE {name!r}: use one of "
                               f"{', '.join(KERNEL_TYPE_NAMES)}")
@@ -124,6 +150,41 @@ def plan(attrs) -> dict:
     return {"kernel_type": name, "tag": tag_of(attrs), "shape": list(shapes[0]),
             "shape_str": ktype.shape_str(shapes[0]), "bench_shapes": [list(s) for s in shapes],
             "dtype": DTYPE_NAMES[dtype], "variant": variant, "backend": backend}
+
+
+def night_attrs(entry) -> dict:
+    """The contract names the night fixes for kernel.py (entry: the plan.json entry of the kernel
+    the night is on; None: no night, nothing fixed): the tag, the type and the shapes a run is
+    recorded under come from the plan, not from lines the agent may edit."""
+    if entry is None:
+        return {}
+    fixed = {"KERNEL_NAME": entry["name"], "KERNEL_TYPE": entry["kernel_type"]}
+    if entry.get("bench_shapes") is not None:
+        fixed["BENCH_SHAPES"] = [tuple(s) for s in entry["bench_shapes"]]
+    return fixed
+
+
+def night_disagreement(attrs, entry, shapes_read=True):
+    """The one line bench.py refuses kernel.py with when its KERNEL_NAME, KERNEL_TYPE or
+    BENCH_SHAPES disagree with the kernel the night is on (night_attrs); None when they agree.
+    shapes_read=False: the file did not parse, so only the names the regex found are compared."""
+    fixed = night_attrs(entry)
+    undo = ("(git diff kernel.py shows the edit; nothing was judged or recorded; another kernel: "
+            "`uv run orchestrate.py install NAME`)")
+    for key in ("KERNEL_NAME", "KERNEL_TYPE", "BENCH_SHAPES"):
+        if key not in fixed or (key == "BENCH_SHAPES" and not shapes_read):
+            continue
+        have, want = attrs.get(key), fixed[key]
+        if key == "BENCH_SHAPES":
+            try:
+                have = [tuple(int(d) for d in s) for s in have]
+            except (TypeError, ValueError):
+                pass
+        if have != want:
+            shown = f"{key} = {attrs[key]!r}" if key in attrs else f"no {key} line"
+            return (f"kernel.py has {shown}, but the night is on {entry['name']} (orchestrate.py's "
+                    f"current kernel; plan.json: {key} = {want!r}): put it back {undo}")
+    return None
 
 
 def load_module(path, name=None, source=None):

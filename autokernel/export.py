@@ -5,10 +5,11 @@ write_package(kernels, out, name) writes out/<name>/:
 
     __init__.py, kernel_types.py,  autokernel/export_template/'s files (README.md with the package's
     smoke_test.py, README.md       name and kernels filled in)
-    swap.py, ops.py, cli.py,       AutoKernel's own modules (RUNTIME), copied with their imports of
-    recognize.py, reference.py,    AutoKernel made package-relative (package_relative): a module the
-    computed.py, patterns.py,      package carries comes from it, any other name from its
-    fusion.py                      kernel_types.py. The package runs the swap rules verbatim.
+    swap.py, ops.py, ...           AutoKernel's own modules (RUNTIME: swap.py, ops.py and the
+                                   modules they import), copied with their imports of AutoKernel
+                                   made package-relative (package_relative): a module the package
+                                   carries comes from it, any other name from its kernel_types.py.
+                                   The package runs the swap rules verbatim.
     kernels/<name>.py              each kernel file, byte for byte
     manifest.json                  {"name", "exported", "source", "kernel_types": {type: {"args",
                                    "uses_dot", "out_order"}} (all types: swap.py checks its rules
@@ -48,10 +49,10 @@ from autokernel.workspace import plan_kernels
 TEMPLATE = Path(__file__).resolve().parent / "export_template"
 TEMPLATE_FILES = ("__init__.py", "kernel_types.py", "smoke_test.py", "README.md")
 # AutoKernel modules the package carries: its module name -> the file copied.
-RUNTIME = {"swap": "autokernel/swap.py", "ops": "autokernel/ops.py", "cli": "autokernel/cli.py",
-           "recognize": "autokernel/recognize.py", "reference": "reference.py",
-           "computed": "autokernel/computed.py", "patterns": "autokernel/patterns.py",
-           "fusion": "autokernel/fusion.py"}
+RUNTIME = {m: f"autokernel/{m}.py" for m in (
+    "swap", "kernel_call", "weight_cache", "patching", "swap_torch", "swap_modules", "swap_hf",
+    "ops", "cli", "recognize", "computed", "graph_capture", "matches", "fx_vocabulary",
+    "mask_values", "patterns", "patterns_rotary", "fusion")} | {"reference": "autokernel/reference.py"}
 SHIM = "kernel_types"  # the package's stand-in for every other name of AutoKernel
 SMOKE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -49,14 +49,15 @@ def fresh_seed():
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def check(runner, plan, quick=False, on_stage=None, log=None):
+def check(runner, plan, quick=False, on_stage=None, log=None, judge_class=None):
     """Run the stages through `runner` (see autokernel/child.Runner). Returns {"correctness":
     "PASS" | "FAIL" | "CRASH", "reason", "stages": {name: "PASS" | "FAIL" | "skipped"},
-    "failed_stage", "checks"}. quick: the smoke stage only."""
+    "failed_stage", "checks"}. quick: the smoke stage only. judge_class: the plan's kind's Judge
+    (autokernel/kinds.py; default: a kernel type's, Judge below)."""
     log = log or (lambda line: None)
     result = {"correctness": "FAIL", "reason": "", "stages": {s: "skipped" for s in STAGES},
               "failed_stage": None, "checks": 0}
-    judge = judge_class(plan)(runner, plan, on_stage or (lambda name, where="": None), log)
+    judge = (judge_class or Judge)(runner, plan, on_stage or (lambda name, where="": None), log)
     for number, stage in enumerate(STAGES, start=1):
         if result["failed_stage"] or (quick and number > 1):
             why = f"{result['failed_stage']} failed" if result["failed_stage"] else "--quick"
@@ -85,15 +86,6 @@ def check(runner, plan, quick=False, on_stage=None, log=None):
     if not result["failed_stage"]:
         result["correctness"] = "PASS"
     return result
-
-
-def judge_class(plan):
-    """The Judge for a plan: a KernelBench problem's ModelNew has its own
-    (autokernel/kernelbench.py)."""
-    if plan["kernel_type"] == "kernelbench":
-        from autokernel.kernelbench import ProblemJudge
-        return ProblemJudge
-    return Judge
 
 
 class Judge:

@@ -66,6 +66,12 @@ def commit_file(path, message, cwd=ROOT):
     return out("rev-parse", "--short", "HEAD", cwd=cwd)
 
 
+def on_branch(commit, cwd=ROOT) -> bool:
+    """Whether a commit is HEAD or one of its ancestors."""
+    return bool(commit) and git("merge-base", "--is-ancestor", commit, "HEAD",
+                                cwd=cwd).returncode == 0
+
+
 def restore_file(path, rev="HEAD", cwd=ROOT):
     """Put a file back as it is at `rev` (worktree and index)."""
     git("checkout", rev, "--", str(path), check=True, cwd=cwd)

@@ -371,11 +371,11 @@ class KernelType:
         return dict(variant or {})
 
     def reference(self, **inputs):
-        import reference
+        from autokernel import reference
         return getattr(reference, self.name)(**inputs)
 
     def eager(self, **inputs):
-        import reference
+        from autokernel import reference
         return getattr(reference, f"{self.name}_eager")(**inputs)
 
     def error_scale(self, inputs) -> float:

@@ -56,6 +56,7 @@ from autokernel import gate, state
 from autokernel.baselines import full_fp32
 from autokernel.cli import describe
 from autokernel.contract import KernelFileError, load_module, tag_of
+from autokernel.timing import Case, TimingError
 
 DEFAULT_DTYPE = "fp32"          # KernelBench's precision
 SWEEP_MODELS = 2                # models per judged dtype in the sweep, each with 2 input sets
@@ -92,7 +93,7 @@ def judged_dtypes():
 
 class Problem:
     """A KernelBench problem file, imported in the judge's process: it is the user's oracle,
-    trusted like reference.py (the solution never runs here)."""
+    trusted like autokernel/reference.py (the solution never runs here)."""
 
     def __init__(self, path):
         self.path = Path(path).resolve()
@@ -216,9 +217,9 @@ def problem_of(plan):
 # ---- the plan: what bench.py and the scorer judge -------------------------------------------
 
 def plan(attrs, dtypes=None):
-    """contract.plan for KERNEL_TYPE "kernelbench": the problem (its hash checked), the judged
-    dtype, and how every dtype is judged (the oracle probe). dtypes: the candidates (default:
-    all this device judges; the scorer passes its one). Raises KernelFileError."""
+    """The plan of a kernel file with KERNEL_TYPE "kernelbench": the problem (its hash checked),
+    the judged dtype, and how every dtype is judged (the oracle probe). dtypes: the candidates
+    (default: all this device judges; the scorer passes its one). Raises KernelFileError."""
     path, sha = attrs.get("KERNELBENCH_PROBLEM"), attrs.get("KERNELBENCH_SHA256")
     if not path or not sha:
         raise KernelFileError("a kernelbench kernel file needs KERNELBENCH_PROBLEM (the problem "
@@ -536,12 +537,12 @@ class ProblemJudge(gate.Judge):
             f"{gate.unravel(index, out.shape)}: got {got:.6g}, expected {want:.6g})")
 
 
-# ---- timing (bench.py's measure) ------------------------------------------------------------
+# ---- timing (autokernel/judge.py's measure) -------------------------------------------------
 
 def timing_case(plan, runners):
-    """What bench.py times a ModelNew on (a timing.Case): every runner's ModelNew built under one
-    seed, fresh inputs in the judged dtype from any seed, the problem's Model as the oracle."""
-    from autokernel.timing import Case, TimingError
+    """What the judge times a ModelNew on (a timing.Case): every runner's ModelNew built under
+    one seed, fresh inputs in the judged dtype from any seed, the problem's Model as the
+    oracle."""
     problem, dtype, name = problem_of(plan), ak.DTYPES[plan["dtype"]], plan["dtype"]
     entry, seed = plan["oracles"][name], fresh_seed()
     try:
@@ -601,7 +602,6 @@ def measure_baselines(problem, dtype, compile_mode):
     try:
         out = forward(**inputs)
         if ak.CUDA and isinstance(out, torch.Tensor):  # the windows' fresh sets, as for ModelNew
-            from autokernel.timing import Case
             case = Case(make=lambda s: problem.inputs(s % 2 ** 32, dtype), reference=None,
                         wrong=None, out_shape=tuple(out.shape), out_dtype=out.dtype)
         del out
@@ -631,3 +631,25 @@ def speedups(plan, latency_us, compile_mode=COMPILE_MODE):
             "speedup_vs_pytorch": eager / latency_us if eager and latency_us else None,
             "speedup_vs_compile": compiled / latency_us if compiled and latency_us else None,
             "pct_peak": None}
+
+
+# ---- the kind of problem the judge asks about (autokernel/kinds.py) -------------------------
+
+class KernelBenchKind:
+    """KERNEL_TYPE "kernelbench": a ModelNew judged against its problem's Model."""
+    judge = ProblemJudge
+    plan = staticmethod(plan)
+    timing_case = staticmethod(timing_case)
+
+    def missing_entry(self, hello):
+        if not hello.get("has_model_new"):
+            return ("kernel file defines no ModelNew class; it must take Model's init arguments "
+                    "and compute Model's forward")
+        return None
+
+    def baselines(self, plan, latency_us):
+        """The problem's Model, eager and compiled."""
+        return speedups(plan, latency_us)
+
+
+KIND = KernelBenchKind()

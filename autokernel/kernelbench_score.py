@@ -1,15 +1,17 @@
 """
 Scoring a folder of KernelBench solutions against a folder of problems (kernelbench.py score):
 each solution matched to its problem by file name, judged by the gate (autokernel/kernelbench.py's
-stages, bench.py's untrusted child and timing) in a process of its own, and summed up as
+stages, autokernel/judge.py's untrusted child and timing) in a process of its own, and summed up as
 KernelBench's fast_p. A score judges one dtype (--dtype, fp32 by default), as KernelBench judges
 one precision; bench.py judges a kernel.py in every dtype the problem allows.
 
 A row's verdict:
     correct    every stage passed; timed by the judge's clock against the problem's Model, eager
                and torch.compile'd (speedup = their time / the solution's)
-    incorrect  it ran and was wrong or dishonest: wrong values, NaN, elements left unwritten, a
-               torch compute op in forward (the heavy work handed to torch or to Model), a cached
+    incorrect  refused by the source check before it ran (autokernel/source_check.py: torch
+               doing the math, the dispatcher's internals, patching, ...), or it ran and was
+               wrong or dishonest: wrong values, NaN, elements left unwritten, a torch compute
+               op in forward (the heavy work handed to torch or to Model), a cached
                or aliased output, changed inputs, non-determinism, a timing contradiction,
                files changed during the run
     error      it could not be judged running: no ModelNew, an import error, ModelNew(...) or
@@ -36,9 +38,10 @@ from pathlib import Path
 import torch
 
 import autokernel as ak
-from autokernel import gate, kernelbench, state
+from autokernel import gate, kernelbench, source_check, state
 from autokernel.cli import UsageError, describe, one_line
 from autokernel.contract import KernelFileError
+from autokernel.judge import CHILD_LOG, ChildGone, ChildRunner, measure, tampered
 
 FAST_P = (0, 1, 1.5, 2)
 # Reasons that mean the solution never produced an output to judge (see the verdicts above).
@@ -169,9 +172,12 @@ def wall_limit(seconds):
 
 def run_solution(solution, plan, timeout, call_timeout):
     """bench.py's judgement of one kernel file, with the plan fixed by the scorer (a solution
-    cannot name another problem or type): the untrusted child, the stages, the timing; the repo
-    snapshotted before and restored after, every process it started killed."""
-    import bench  # the judge's side of the child (ChildRunner) and its timing (measure)
+    cannot name another problem or type): the source check, the untrusted child, the stages,
+    the timing; the repo snapshotted before and restored after, every process it started
+    killed."""
+    refused = source_check.refusal(solution)  # read before anything runs it
+    if refused:
+        return {"correctness": "FAIL", "reason": refused}
     # The judge's own helpers outlive each solution: inductor's compile workers (started by the
     # torch.compile baseline; killing them hangs the next problem's compile) and
     # multiprocessing's resource tracker (started with the first child; it tracks shared memory).
@@ -180,38 +186,39 @@ def run_solution(solution, plan, timeout, call_timeout):
         snapshot = state.Snapshot.take(Path(scratch) / "results.tsv")
     snapshot.save(candidate=solution)
     try:
-        outcome = in_child(bench, solution, plan, timeout, call_timeout, snapshot)
-    except bench.ChildGone as e:
-        outcome = {"correctness": e.correctness, "reason": e.reason(bench.CHILD_LOG)}
+        outcome = in_child(solution, plan, timeout, call_timeout, snapshot)
+    except ChildGone as e:
+        outcome = {"correctness": e.correctness, "reason": e.reason(CHILD_LOG)}
     finally:
-        for child in bench.ChildRunner.started:
+        for child in ChildRunner.started:
             child.stop()
-        bench.ChildRunner.started.clear()  # the next solution's log starts empty
+        ChildRunner.started.clear()  # the next solution's log starts empty
         state.kill_descendants(spare=helpers | {resource_tracker_pid()})
         changed = snapshot.restore()
         state.SNAPSHOT_PATH.unlink(missing_ok=True)
     if changed:
-        outcome.update(correctness="FAIL", reason=bench.tampered(changed), unjudged=False)
+        outcome.update(correctness="FAIL", reason=tampered(changed), unjudged=False)
     return outcome
 
 
-def in_child(bench, solution, plan, timeout, call_timeout, snapshot):
-    runner = bench.ChildRunner(solution, time.monotonic() + timeout, timeout)
+def in_child(solution, plan, timeout, call_timeout, snapshot):
+    runner = ChildRunner(solution, time.monotonic() + timeout, timeout)
     if call_timeout:
         runner.request_limit = call_timeout
     hello = runner.start()
     outcome = {"correctness": "FAIL", "reason": "", "log": []}
     changed = snapshot.restore()  # most tampering happens at import
     if changed:
-        return dict(outcome, reason=bench.tampered(changed))
+        return dict(outcome, reason=tampered(changed))
     if hello["status"] == "import_failed":
         return dict(outcome, reason=hello["error"], unjudged=True)
     if not hello.get("has_model_new"):
         return dict(outcome, reason="the solution defines no ModelNew class", unjudged=True)
-    outcome.update(gate.check(runner, plan, on_stage=runner.at, log=outcome["log"].append))
+    outcome.update(gate.check(runner, plan, on_stage=runner.at, log=outcome["log"].append,
+                              judge_class=kernelbench.ProblemJudge))
     if outcome["correctness"] == "PASS":
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the table's
-            outcome.update(bench.measure(runner, None, plan))
+            outcome.update(measure(runner, None, plan))
     return outcome
 
 

@@ -113,6 +113,18 @@ def summary(name, kernel_type, rows, share=None) -> dict:
     }
 
 
+def unplaced_keeps(plan, rows) -> list:
+    """One line for each kept row on this branch (its commit an ancestor of HEAD) whose tag no
+    kernel of the plan has: a keep verify.py and export.py cannot place (kernel.py judged under
+    another name), so it is neither verified nor exported nor counted for a plan kernel."""
+    from autokernel import git
+    names = {k["name"] for k in plan["kernels"]}
+    return [f"unplaced keep: experiment {r['experiment']}, tag {r['tag'] or '(none)'}, commit "
+            f"{r['commit']}: no kernel of plan.json is named {r['tag']!r}, so it is neither "
+            f"verified nor exported (its code: git show {r['commit']}:kernel.py)"
+            for r in rows if is_kept(r) and r["tag"] not in names and git.on_branch(r["commit"])]
+
+
 # ---- the whole model ------------------------------------------------------------------------
 
 def amdahl(shares_and_speedups) -> float:

@@ -40,7 +40,8 @@ ARG_TYPES = {"bias": Optional[torch.Tensor], "weight": Optional[torch.Tensor], "
 # How many op bodies (real, fake or backward) run right now. While one does, the swap's patched
 # torch entry points pass straight through: the kernel's own torch calls and the reference's
 # must not be intercepted, and under torch.compile the swap's own `busy` flag is only set in the
-# traced program, not while the op runs. A one-element list, read cheaply by swap.py's closures.
+# traced program, not while the op runs. A one-element list, read cheaply by the closures of
+# autokernel/patching.py.
 RUNNING = [0]
 
 _ops = {}    # op name -> its OpOverload (torch.ops.autokernel.<name>.default)
@@ -71,7 +72,7 @@ def op_name(kernel):
 def signature(kernel_type):
     """The op's Python signature for a type: its contract args in order, annotated by ARG_TYPES
     (tensor otherwise), with the eager reference's defaults."""
-    import reference
+    from autokernel import reference
     ref = inspect.signature(getattr(reference, f"{kernel_type}_eager")).parameters
     params = []
     for name in autokernel.KERNEL_TYPES[kernel_type].args:

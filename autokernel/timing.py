@@ -26,7 +26,7 @@ look faster:
   call against 46.6); with the floor taken once, before the sets existed, windows through a child
   read 7-9% slower than the same code in the judge's process, where the baselines are timed; with
   the floor in the rounds, 0.999-1.004x (reduce, softmax, matmul; rotary's 2.5 ms windows, where the
-  floor is a quarter of the window, 1.085x in one run: BENCHMARKS.md, section 25).
+  floor is a quarter of the window, 1.085x in one run).
 On a GPU the kernel's process captures the window's calls in one CUDA graph when it can, so
 launch overhead does not count (as in a model under CUDA graphs); a kernel that cannot be captured
 is timed as plain launches, each output copied into a slot, overhead included. Back-to-back calls

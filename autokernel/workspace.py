@@ -1,5 +1,6 @@
 """
-The JSON files the scripts hand each other under workspace/: one reader and one writer each.
+The files the scripts hand each other under workspace/: the JSON files (one reader and one writer
+each) and the plan's kernel files.
 
     profile.json      profile.py -> extract.py, verify.py (the model's flags), analysis
                       {"model", "model_args", "device", "dtype", "input_shapes", "total_op_us",
@@ -8,15 +9,21 @@ The JSON files the scripts hand each other under workspace/: one reader and one 
                       {"model", "created", "profile", "device", "dtype", "input_shapes",
                        "total_op_us", "kernels": [{"name", "kernel_type", "file", "share",
                        "shapes", "rank", "bound", "amdahl_ceiling", ...}]}
-    orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py)
-    verify.json       verify.py's report (see verify.py)
+    orchestrate.json  orchestrate.py's cache of the visits (see orchestrate.py); night_kernel
+                      reads its current kernel for bench.py
+    verify.json       verify.py's report (see autokernel/verify_report.py)
     prepare.json      prepare.py's cache of ceilings and baseline times (autokernel.baselines)
+    <name>.py         a plan kernel's file of record (plan.json's "file"), written only by
+                      write_kernel_file: its starter with the model's shapes (extract.py), its
+                      kept version (bench.py's keep), HEAD's kernel.py when orchestrate.py
+                      switches to another kernel
 
 Writes are atomic (a temporary file, then a rename): a kill mid-write never leaves half a file.
 """
 import json
 from pathlib import Path
 
+import autokernel as ak
 from autokernel import KERNEL_TYPE_NAMES, PLAN_JSON, PROFILE_JSON
 from autokernel.cli import UsageError
 from autokernel.results import rel
@@ -27,6 +34,16 @@ def write_json(path, data, indent=1):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    tmp.replace(path)
+
+
+def write_kernel_file(path, content):
+    """A plan kernel's file of record (workspace/<name>.py), text or bytes, written atomically:
+    its only writer, for extract.py, bench.py's keep and orchestrate.py's switch."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(content.encode() if isinstance(content, str) else content)
     tmp.replace(path)
 
 
@@ -100,3 +117,17 @@ def read_plan(path=PLAN_JSON):
 def plan_kernels(plan) -> dict:
     """name -> the plan's entry for it, in plan order."""
     return {k["name"]: k for k in plan["kernels"]}
+
+
+def night_kernel():
+    """The plan's entry for the kernel the night is on: orchestrate.py's current kernel (the
+    last visit in orchestrate.json, written for this plan.json). None without a night: no
+    readable plan.json or orchestrate.json, no visit yet, or the visits of an earlier plan."""
+    try:
+        plan = read_plan(ak.PLAN_JSON)
+        state = read_json(ak.ORCHESTRATE_JSON, "run `uv run orchestrate.py next`", "a visits file")
+        if state.get("plan_created") != plan.get("created"):
+            return None
+        return plan_kernels(plan).get(state["visits"][-1]["kernel"])
+    except (UsageError, KeyError, IndexError, TypeError, AttributeError):
+        return None

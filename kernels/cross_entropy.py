@@ -20,7 +20,11 @@ loop, one launch measured ~190 us at 8192x32000 against ~195 for two.
 BLOCK_N 4096, 8 warps, 4 pipeline stages (tl.range keeps 4 chunks in flight). On the H100,
 fp16: 8192x32000 191 us, 2.75 TB/s, 92% of copy (two launches and 4 warps, 2 stages: 204 us);
 4096x128256 365 us, 2.88 TB/s, 96% (was 382). Best of a sweep of 4-8 warps, 2-4 stages,
-BLOCK_N 2048-8192 and 1-8 rows per program; BENCHMARKS.md has the side-by-side table.
+BLOCK_N 2048-8192 and 1-8 rows per program.
+
+What has worked here: an online logsumexp over vocabulary chunks with the target logit picked
+up in the same pass, and the per-row losses summed in a fixed order (an atomic_add on the loss
+sums in an order that changes run to run, which the determinism stage fails).
 
 Usage:
   uv run bench.py --kernel kernels/cross_entropy.py

@@ -56,12 +56,15 @@ time under ncu (SDPA's cuDNN kernel 63%) and ran at 0.83x SDPA. The Gluon kernel
     grouping the K/V of all 64 heads were live at once: 289 MB read from DRAM against SDPA's
     100 MB, and 0.92x SDPA instead of 1.05x.
 On the H100 (fp16, causal): 2x32x2048x128 139 us, 1.08x SDPA (cuDNN's FA3-class kernel; the
-Triton kernel: 188 us); 1x32x4096x64 174 us, 1.06x SDPA (Triton: 180). BENCHMARKS.md sections
-2 and 12. Alone at GPT-2's 8x12x1024x64 it is 2% faster than cuDNN's, but inside GPT-2's
-compiled forward, which runs at the H100's 700 W power cap, it drew more power: 47.8 us a call
-against cuDNN's 45.2 and the whole forward's clock 4% lower (section 31), so verify.py's
+Triton kernel: 188 us); 1x32x4096x64 174 us, 1.06x SDPA (Triton: 180). Alone at GPT-2's
+8x12x1024x64 it is 2% faster than cuDNN's, but inside GPT-2's compiled forward, which runs at
+the H100's 700 W power cap, it drew more power: 47.8 us a call against cuDNN's 45.2 and the
+whole forward's clock 4% lower, so verify.py's
 per-kernel timing inside torch.compile leaves GPT-2's attention to cuDNN. Energy a call is
 what counts there.
+What has worked here: fully masked causal blocks never loaded, exp2, BLOCK_M 128 / BLOCK_N 64,
+the 1/l rescale once at the end, O allocated as torch.empty(B, S, H, D).transpose(1, 2) (inside
+a compiled model any other layout is copied into that one, time the model pays).
 Things to try: BLOCK_M/BLOCK_N/num_stages per head dim for the Triton kernel, finer-grained
 diagonal masking, BLOCK_N=176 or 192 for the Gluon kernel (fewer, longer steps), Gluon kernels
 for Blackwell (tcgen05) or for other head dims.

@@ -66,11 +66,11 @@ takes them from its A boxes in shared memory while the tensor cores multiply, on
 tiles: with a norm each CTA walks runs of consecutive tiles of one row block (_gl_runs), so a
 row block's statistics serve its whole run; in ping-pong tiles, where both warpgroups take the
 same 64 rows of a run, the one with the run's first tile takes them and leaves them in shared
-memory for the other (H100, GELU: GPT-2's c_fc, bf16, 76.6 -> 75.7 us; 1024^3 fp16 32.3 -> 29.3;
-BENCHMARKS.md section 30). Measured on an H100 (bf16, GPU time, BENCHMARKS.md
-section 28): GPT-2's c_attn 55.5 us against 60.9 for the layernorm starter + this kernel, c_fc
-with GELU 83.1 against 88.6. Not for vocabulary-wide B: runs of one row block read all of B per
-row block (the fusion pass leaves those norms alone).
+memory for the other (H100, GELU: GPT-2's c_fc, bf16, 76.6 -> 75.7 us; 1024^3 fp16 32.3 ->
+29.3). Measured on an H100 (bf16, GPU time): GPT-2's c_attn 55.5 us against 60.9 for the
+layernorm starter + this kernel, c_fc with GELU 83.1 against 88.6. Not for vocabulary-wide
+B: runs of one row block read all of B per row block (the fusion pass leaves those norms
+alone).
 
 fp32 inputs: tl.dot with input_precision="tf32x3" (each operand split into a tf32 high and low
 part, three tensor-core products, fp32 accumulate): ~1e-6 relative error, well inside the 1e-4
@@ -79,22 +79,28 @@ tolerance, at several times the speed of plain fp32 FMA math. Plain tf32 (~1e-3)
 Deterministic: no atomics, no split-K; each C element is summed by one program in a fixed order.
 Tried and slower: the cooperative tile's C kept in registers and stored under the next tile's
 first products (as the CUDA starter does): 0.88x cuBLAS against 1.01x at 8192x2304x768; again,
-bit-identical and 1-9% slower at every GPT-2 GEMM and at 4096^3 (BENCHMARKS.md section 30; no
-spills, no wgmma serialization reported by ptxas; the cause not found).
+bit-identical and 1-9% slower at every GPT-2 GEMM and at 4096^3 (no spills, no wgmma
+serialization reported by ptxas; the cause not found). Stream-K over the last wave of tiles,
+and the LayerNorm's statistics from a pass of their own, were slower too.
 Tall ping-pong tiles (BLOCK_M=128 with COOP=False: each warpgroup a whole 128x128 tile, two
-m64 products a k-step; H100, bf16, BENCHMARKS.md section 31): GPT-2's c_fc with GELU 70.4 us
+m64 products a k-step; H100, bf16): GPT-2's c_fc with GELU 70.4 us
 against 73.1 for the shipped 64x256 ping-pong, but with the LayerNorm folded in 80.3 against
 76.1 (the 128-row statistics spill registers); slower at every other GPT-2 GEMM (lm_head
 1,060 against 976) and at 4096^3 (219 against 209).
+What has worked here: GROUP_M tile order, 128x128 and 128x256 tiles 3-4 stages deep,
+persistent programs with TMA; per shape (pick_hopper_config) a taller GROUP_M where B streams
+from memory, GROUP_M 1 where a narrow B stays in L2, narrower tiles where the last wave of SMs
+runs half empty; GELU's tanh as one tanh.approx.f32; inside torch.compile the block's residual
+add folded into the epilogue, its tile arriving by TMA while the products run.
 Things to try: the Hopper kernel's schedule per shape (pick_hopper_config), split-K where the
 tiles leave the last wave of SMs half empty (N = 768: 192 or 384 tiles on 132 SMs; stream-K lost
-in the CUDA starter, BENCHMARKS.md section 27), tall ping-pong tiles for an activation without
+in the CUDA starter), tall ping-pong tiles for an activation without
 a norm once their statistics fit the registers, split-K for tiny M.
-GELU costs 5-10 us at GPT-2's 8192x3072x768 in every schedule (section 28: cooperative 128x256
+GELU costs 5-10 us at GPT-2's 8192x3072x768 in every schedule (cooperative 128x256:
 65.0 us without it, 77.3 with, before its arithmetic was trimmed by ~2 us): computed under the
 next tile's products it would be the largest lever left at GPT-2, once a deferred epilogue is
 made to run as fast as a plain one here (see above). The LayerNorm's statistics
-taken by every tile instead of once a run cost 60% more (c_attn 81.8 us; section 28).
+taken by every tile instead of once a run cost 60% more (c_attn 81.8 us).
 """
 import functools
 import weakref

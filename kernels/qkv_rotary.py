@@ -30,8 +30,9 @@ the matmul starter's Gluon mainloop (persistent, warp-specialized: a TMA produce
 wgmma warpgroups) and store through TMA. H100, compact LLaMA (8x2048 tokens, 768 wide, 12 + 12
 + 12 heads of 64), bf16 GPU time: 98.6 us, against 110.4 for the Triton kernel, 90.9 for
 cuBLAS's q/k/v GEMM alone (no rotary) and 156.6 for torch.compile (cuBLAS, then inductor's
-rotary); the gate's clock 95.9 us in fp16, 1.54x torch.compile, 6.6x eager. BENCHMARKS.md
-sections 23 and 24.
+rotary); the gate's clock 95.9 us in fp16, 1.54x torch.compile, 6.6x eager.
+The number to beat is cuBLAS's q/k/v GEMM alone: the rotation is free in the epilogue only
+while a tile holds whole heads, each head's halves side by side.
 Things to try: at D = 128 and K = 4096 the Triton kernel is ~2% ahead (597 against 610 us at
 4096 x 4096 -> 12288); a ping-pong schedule lost at every shape tried, a deeper ring needs the
 C buffers smaller (one 64 x BLOCK_N buffer a warpgroup, stored in halves).

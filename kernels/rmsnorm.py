@@ -75,7 +75,7 @@ def rmsnorm_looped_kernel(x_ptr, w_ptr, y_ptr, N, stride_xm, stride_xn, stride_y
 def _fused_config(M, N):
     """Whole rows per program, ~16 fp32 values per thread, 8K elements a tile; 2K for rows of up
     to 1024 (at 16384x768 and 32768x512 on the H100, 2K tiles with 4 warps ran at the speed of a
-    same-bytes copy and 8K tiles 1-5% slower: BENCHMARKS.md section 8)."""
+    same-bytes copy and 8K tiles 1-5% slower)."""
     block_n = triton.next_power_of_2(N)
     tile = 2048 if block_n <= 1024 else 8192
     block_m = min(max(1, tile // block_n), triton.next_power_of_2(M))

@@ -26,6 +26,12 @@ handled apart.
 Rows that fit, on the H200 (8192x8192 fp16): 69 us, 3.9 TB/s (eager 259 us).
 Math in fp32 whatever the input dtype; the output has x's dtype.
 
+What has worked here: whole rows in registers, several a program when short; a row's programs
+swapping (max, sum) as one 64-bit word each, written and polled with relaxed atomics (3% of the
+kernel's time, where a counter with a release fence cost 13%); slices on 16-byte boundaries, so
+odd N still loads in vectors; the register count (n_regs) watched, since a cap on it decides
+several % (_resident_plan).
+
 Usage:
   uv run bench.py --kernel kernels/softmax.py      # the gate
   cp kernels/softmax.py kernel.py                  # start the agent from here
@@ -254,7 +260,7 @@ def softmax_looped_kernel(x_ptr, y_ptr, words_ptr, N, stride_xm, stride_xn, stri
 def _fused_config(M, N):
     """Whole rows per program, ~16 fp32 values per thread, 8K elements a tile; 2K for rows of up
     to 1024 (at 16384x768 and 32768x512 on the H100, 2K tiles with 4 warps ran at the speed of a
-    same-bytes copy and 8K tiles 1-5% slower: BENCHMARKS.md section 8)."""
+    same-bytes copy and 8K tiles 1-5% slower)."""
     block_n = triton.next_power_of_2(N)
     tile = 2048 if block_n <= 1024 else 8192
     block_m = min(max(1, tile // block_n), triton.next_power_of_2(M))
@@ -284,7 +290,7 @@ def _resident_plan(M, N, splits, sm_count):
     many slices an SM holds at once. For 16-bit x a cap of 96 registers (5 programs per SM)
     beat no cap (~113 registers, 4 programs) by 3-7% at every long-row shape tried (2 bytes
     spilled); 88 or fewer spilled 20+ bytes and ran slower. fp32 x spills more under 96, and
-    uncapped it runs within 2% of a copy (BENCHMARKS.md section 11)."""
+    uncapped it runs within 2% of a copy."""
     if splits is None:
         splits = max(-(-N // RESIDENT_SLICE), min(_split_count(M, sm_count), -(-N // 2048)))
         if splits > sm_count:

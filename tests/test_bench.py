@@ -8,7 +8,9 @@ results.tsv that pandas reads with the schema's columns, and leave the repo as c
 keep/revert decisions, --no-git, and the refusals (dirty harness, malformed results.tsv, no repo).
 tests/attacks/ holds kernels that attack the gate from their own process (forged reports, slowed
 clocks, wiped history, git moves, edited files, planted modules, leftover processes): none may be
-kept, and the night's rows, commits and files must come through intact.
+kept, and the night's rows, commits and files must come through intact. The source check
+refuses each of them before it runs (tests/test_source_check.py); their repos here are built
+without it, so that the defences behind it are tested too.
 
 The ~25 CLI runs (each pays torch's import) run two at a time in one module fixture.
 
@@ -35,7 +37,7 @@ from autokernel.results import COLUMNS, read_rows
 PLANTED = Path(__file__).resolve().parent / "planted"
 GOOD = PLANTED / "good_reduce.py"
 ATTACKS = Path(__file__).resolve().parent / "attacks"
-REPO_FILES = ["bench.py", "reference.py", ".gitignore"]
+REPO_FILES = ["bench.py", ".gitignore"]
 # Hermetic git: no user/system config (hooks, signing), a fixed identity.
 GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
                GIT_AUTHOR_NAME="bench test", GIT_AUTHOR_EMAIL="bench@test",
@@ -44,7 +46,7 @@ GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1"
 # planted file -> (extra CLI args, expected correctness, a phrase the reason must contain).
 # Those that need a process of their own (or show the CLI's row) run through bench.py; every
 # other one is judged in-process too (test_planted_kernel_is_named_in_process), which is faster.
-CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort")
+CLI_CASES = ("syntax_error", "import_error", "infinite_loop", "abort", "guard_off")
 PLANTED_CASES = {
     "syntax_error": ([], "FAIL", "syntax error"),
     "import_error": ([], "FAIL", "import error"),
@@ -61,6 +63,8 @@ PLANTED_CASES = {
     "out_of_memory": ([], "FAIL", "out of memory"),
     "torch_softmax": ([], "FAIL", "called torch compute op aten._softmax"),
     "torch_matmul": ([], "FAIL", "called torch compute op aten.mm"),
+    "guard_off": ([], "FAIL", "torch.utils._python_dispatch._disable_current_modes: the "
+                              "dispatcher's internals"),
     "cached_result": ([], "FAIL", "cached from an earlier call"),
     "returns_input": ([], "FAIL", "shares memory with input x"),
     "writes_input": ([], "FAIL", "modified its input x"),
@@ -80,14 +84,19 @@ def git(repo, *args):
                           check=True).stdout
 
 
-def make_repo(path, init_git=True):
-    """The harness and a good kernel.py, committed: what a user's checkout looks like."""
+def make_repo(path, init_git=True, source_check=True):
+    """The harness and a good kernel.py, committed: what a user's checkout looks like.
+    source_check=False: a harness without the source check (autokernel/source_check.py), for
+    the attacks on the defences behind it, which it would refuse before they run."""
     path.mkdir(parents=True)
     for name in REPO_FILES:
         shutil.copy(autokernel.ROOT / name, path / name)
     for folder in ("autokernel", "kernels"):  # the attacks' correct halves are the starters
         shutil.copytree(autokernel.ROOT / folder, path / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    if not source_check:
+        with open(path / "autokernel" / "source_check.py", "a") as f:
+            f.write("\nRULES = []  # this repo tests the defences behind the source check\n")
     shutil.copy(GOOD, path / "kernel.py")
     if init_git:
         git(path, "init", "-q")
@@ -135,7 +144,7 @@ def slower(text):
 # ---- scenarios (each in its own repo; run concurrently by the fixture) ----------------------
 
 def planted_scenario(root, name, folder=PLANTED, cases=PLANTED_CASES):
-    repo = make_repo(root / name)
+    repo = make_repo(root / name, source_check=folder != ATTACKS)
     shutil.copy(folder / f"{name}.py", repo / "kernel.py")
     extra = cases[name][0]
     run = run_bench(repo, "--timeout", "120", *extra, "-m", f"planted {name}")
@@ -162,7 +171,7 @@ def no_git_scenario(root):
 
 def dirty_reference_scenario(root):
     repo = make_repo(root / "dirty_reference")
-    with open(repo / "reference.py", "a") as f:
+    with open(repo / "autokernel" / "reference.py", "a") as f:
         f.write("\n# an agent 'fixed' the oracle\n")
     shutil.copy(PLANTED / "wrong_dtype.py", repo / "kernel.py")
     run = run_bench(repo)
@@ -204,7 +213,7 @@ def runs(tmp_path_factory):
         ("tampering", tampering_scenario), ("orphan", orphan_scenario),
         ("concurrency", concurrency_scenario),
         ("keep_then_revert", keep_then_revert_scenario), ("no_git", no_git_scenario),
-        ("kept_version", kept_version_scenario),
+        ("kept_version", kept_version_scenario), ("night", night_scenario),
         ("dirty_reference", dirty_reference_scenario),
         ("malformed_results", malformed_results_scenario), ("not_a_repo", not_a_repo_scenario),
         ("no_description", no_description_scenario)]})
@@ -333,7 +342,7 @@ def test_a_run_on_kernel_py_needs_a_description(runs):
 # ---- in-process pieces (no subprocess) ------------------------------------------------------
 
 IN_PROCESS = [n for n, (_, correctness, _) in PLANTED_CASES.items()
-              if correctness == "FAIL" and n not in ("syntax_error", "import_error")]
+              if correctness == "FAIL" and n not in CLI_CASES]
 
 
 @pytest.mark.parametrize("name", IN_PROCESS)
@@ -462,7 +471,7 @@ UNCONFINED = dict(GIT_ENV, AUTOKERNEL_SANDBOX="off")
 
 def tampering_scenario(root):
     """A kept kernel, then each tampering attack in turn in the same repo, unconfined."""
-    repo = make_repo(root / "tampering")
+    repo = make_repo(root / "tampering", source_check=False)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))  # a keep of its own commit
     kept = run_bench(repo, "-m", "the kept version")
     before = {"head": git(repo, "rev-parse", "HEAD"), "branch": git(repo, "branch",
@@ -488,7 +497,7 @@ def kept_version_scenario(root):
     kept version it finds on disk (its own TMPDIR: no other test's); one twice as slow that loads
     the machine outside its own windows; then a candidate whose kept version's source is gone
     from git, with an unbeatable record (1 us)."""
-    repo = make_repo(root / "kept_version")
+    repo = make_repo(root / "kept_version", source_check=False)
     (repo / "kernel.py").write_text(STARTER_REDUCE)
     kept = run_bench(repo, "-m", "the kept version")
     head = git(repo, "rev-parse", "HEAD")
@@ -507,6 +516,41 @@ def kept_version_scenario(root):
             "head": head, "head_after": git(repo, "rev-parse", "HEAD"), **snapshot(repo)}
 
 
+NIGHT_PLAN = {"model": "tiny", "created": "2026-01-01T00:00:00+00:00", "dtype": "fp16",
+              "kernels": [{"name": "reduce_1", "kernel_type": "reduce", "rank": 1,
+                           "file": "workspace/reduce_1.py", "share": 0.5, "shapes": [[4, 256]],
+                           "bench_shapes": [[4, 256]], "dtype": "fp16"}]}
+
+
+def night_scenario(root):
+    """A night on reduce_1 (plan.json and orchestrate.py's visit to it, kernel.py installed and
+    committed), then kernel.py without its KERNEL_NAME line, with other BENCH_SHAPES, and as
+    installed with an edit."""
+    import json
+    repo = make_repo(root / "night")
+    named = GOOD.read_text() + '\nKERNEL_NAME = "reduce_1"\n'
+    (repo / "workspace").mkdir(exist_ok=True)
+    (repo / "workspace" / "plan.json").write_text(json.dumps(NIGHT_PLAN))
+    (repo / "workspace" / "orchestrate.json").write_text(json.dumps(
+        {"version": 1, "plan_created": NIGHT_PLAN["created"],
+         "visits": [{"kernel": "reduce_1", "start": NIGHT_PLAN["created"], "first_row": 0,
+                     "left": None}]}))
+    (repo / "workspace" / "reduce_1.py").write_text(named)
+    (repo / "kernel.py").write_text(named)
+    git(repo, "commit", "-q", "-am", "orchestrate: switch to reduce_1")
+    unnamed = variant(GOOD.read_text(), 1)  # an edit, and the KERNEL_NAME line gone
+    (repo / "kernel.py").write_text(unnamed)
+    no_name = run_bench(repo, "-m", "renamed")
+    after_no_name = snapshot(repo)
+    (repo / "kernel.py").write_text(named.replace("[(4, 256)]", "[(4, 128)]"))
+    other_shapes = run_bench(repo, "-m", "smaller shapes")
+    (repo / "kernel.py").write_text(variant(named, 1))
+    kept = run_bench(repo, "-m", "an edit of the night's kernel")
+    return {"no_name": no_name, "after_no_name": after_no_name, "unnamed": unnamed,
+            "other_shapes": other_shapes, "kept": kept, "named": named,
+            "of_record": (repo / "workspace" / "reduce_1.py").read_text(), **snapshot(repo)}
+
+
 def planted_files(repo):
     """plants_modules' files, if they survived: json.py and the forged .pyc."""
     pycs = (repo / "autokernel" / "__pycache__").glob("results.*.pyc")
@@ -515,7 +559,7 @@ def planted_files(repo):
 
 
 def orphan_scenario(root):
-    repo = make_repo(root / "orphan")
+    repo = make_repo(root / "orphan", source_check=False)
     shutil.copy(ATTACKS / "leaves_a_process.py", repo / "kernel.py")
     run = run_bench(repo, "--no-git")
     log = (repo / "workspace" / "bench_child.log").read_text()  # the kernel prints its pid
@@ -620,6 +664,24 @@ def test_attack_is_refused_with_a_named_reason(runs, name):
     assert list(r["results"]["status"]) == ["revert"]
 
 
+def test_during_a_night_kernel_py_must_name_the_night_s_kernel(runs):
+    """The tag, shapes and file of record come from the night (orchestrate.py's current
+    kernel): a kernel.py that dropped its KERNEL_NAME line, or changed its BENCH_SHAPES, is
+    refused in one line before judging (no row, no new tag, the edit left in place)."""
+    r = runs["night"]
+    assert_one_line_refusal(r["no_name"], "no KERNEL_NAME line", "the night is on reduce_1",
+                            "KERNEL_NAME = 'reduce_1'")
+    after = r["after_no_name"]
+    assert after["results"] is None and after["kernel"] == r["unnamed"]  # nothing lost
+    assert_one_line_refusal(r["other_shapes"], "BENCH_SHAPES = [(4, 128)]", "[(4, 256)]")
+    keys = r["kept"]["keys"]
+    assert (keys["tag"], keys["correctness"], keys["status"]) == ("reduce_1", "PASS", "keep"), \
+        r["kept"]["stdout"]
+    assert keys["file_of_record"] == "workspace/reduce_1.py"
+    assert r["of_record"] == variant(r["named"], 1)
+    assert list(r["results"]["tag"]) == ["reduce_1"] and r["status"] == ""
+
+
 def test_no_process_outlives_the_verdict(runs):
     r = runs["orphan"]
     assert r["run"]["rc"] == 0, r["run"]["stderr"][-2000:]
@@ -682,26 +744,39 @@ def test_the_wall_clock_limit_counts_the_judges_own_work():
     """The limit bounds the whole judgement: once the judge's own work (inputs, the oracle)
     has spent it, the next request is a TIMEOUT even though the child answers at once."""
     import time
-    import bench
-    runner = bench.ChildRunner(autokernel.ROOT / "kernels" / "reduce.py",
+    from autokernel import judge
+    runner = judge.ChildRunner(autokernel.ROOT / "kernels" / "reduce.py",
                                time.monotonic() + 300, 300)
     try:
         assert runner.start()["status"] != "import_failed"
         runner.ping()  # within the limit: answered
         runner.deadline = time.monotonic() - 1  # as if the oracle had taken the rest
         runner.at("stage 2 (the oracle's inputs)")
-        with pytest.raises(bench.ChildGone) as gone:
+        with pytest.raises(judge.ChildGone) as gone:
             runner.ping()
         assert gone.value.correctness == "TIMEOUT"
         assert "exceeded the 300 s wall-clock limit during stage 2" in gone.value.why
     finally:
         runner.stop()
-        bench.ChildRunner.started.remove(runner)
+        judge.ChildRunner.started.remove(runner)
+
+
+class FakeClock:
+    """The judge's clock for tests: it moves only when a FakeRunner's window says so, so the
+    arithmetic of paired_rounds is checked exactly, whatever the machine's load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
 
 
 class FakeRunner:
-    """An in-process runner for timing.paired_rounds: correct outputs, `sleep_s` a window, every
-    window logged by name; fail_at: the window number that raises."""
+    """An in-process runner for timing.paired_rounds: correct outputs, a window that takes
+    `sleep_s` on the fake clock (`clock`, a FakeClock patched into timing), every window logged by
+    name; fail_at: the window number that raises."""
+    clock = None
 
     def __init__(self, name, log, case, sleep_s, fail_at=None):
         self.name, self.log, self.case, self.sleep_s, self.fail_at = name, log, case, sleep_s, \
@@ -717,12 +792,11 @@ class FakeRunner:
         return {"status": "armed", "graph": False}
 
     def window(self):
-        import time
         self.windows += 1
         self.log.append(self.name)
         if self.windows == self.fail_at:
             return {"status": "raised", "error": "RuntimeError: planted"}
-        time.sleep(self.sleep_s)
+        self.clock.now += self.sleep_s
         for inputs, slot in zip(self.sets, self.slots):
             slot.copy_(self.case.reference(inputs))
         return {"status": "windowed"}
@@ -742,6 +816,8 @@ def test_the_floor_is_the_idle_kernels_median_window_in_the_same_rounds(monkeypa
     monkeypatch.setattr(timing, "ROUNDS", 3)
     monkeypatch.setattr(timing, "WARMUP_ROUNDS", 0)
     monkeypatch.setattr(timing, "WINDOWS_PER_ROUND", 1)
+    monkeypatch.setattr(FakeRunner, "clock", FakeClock())
+    monkeypatch.setattr(timing, "time", FakeRunner.clock)
     log = []
     cand = FakeRunner("candidate", log, case, 0.030)
     kept = FakeRunner("kept", log, case, 0.045)
@@ -750,17 +826,17 @@ def test_the_floor_is_the_idle_kernels_median_window_in_the_same_rounds(monkeypa
     # per rewrite: the settling idle window, then all three in an order that turns
     assert log == ["idle", "candidate", "kept", "idle", "idle", "kept", "idle", "candidate",
                    "idle", "idle", "candidate", "kept"]
-    assert idle.stopped and got["floor_why"] == "" and 8_000 < got["floor_us"] < 20_000
+    assert idle.stopped and got["floor_why"] == "" and got["floor_us"] == pytest.approx(10_000)
     n = got["sets"]
-    for name, sleep_s in (("candidate", 0.030), ("kept", 0.045)):
+    for name, window_s in (("candidate", 0.030), ("kept", 0.045)):
         for us in got[name]:  # (window - floor) / calls
-            assert (sleep_s - 0.010) * 1e6 / n * 0.8 < us < (sleep_s - 0.008) * 1e6 / n * 1.3
+            assert us == pytest.approx((window_s - 0.010) * 1e6 / n)
 
     log.clear()
     dies = FakeRunner("idle", log, timing.idle_case(), 0.010, fail_at=3)
     got = timing.paired_rounds(cand, None, case, lambda: dies)
     assert got["floor_us"] == 0 and "the idle kernel failed" in got["floor_why"] and dies.stopped
-    assert len(got["candidate"]) == 3 and min(got["candidate"]) > 0.028 * 1e6 / got["sets"]
+    assert got["candidate"] == pytest.approx([0.030 * 1e6 / got["sets"]] * 3)
     assert timing.paired_rounds(cand, None, case, None)["floor_why"] == "no idle kernel"
 
 
@@ -774,7 +850,7 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
     """While one child's window is timed (runner.alone()), every other process below the judge
     is stopped, one started in a session of its own included; all go on afterwards."""
     import time
-    import bench
+    from autokernel import judge
     from autokernel.state import process_state as state
 
     def resumed(pid):  # SIGCONT is delivered asynchronously too
@@ -783,12 +859,12 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
             time.sleep(0.001)
         return state(pid) != "T"
     grandchild = None
-    timed = bench.ChildRunner(bench.IDLE_KERNEL, time.monotonic() + 300, 300)
-    other = bench.ChildRunner(tmp_path / "escapes.py", time.monotonic() + 300, 300,
+    timed = judge.ChildRunner(judge.IDLE_KERNEL, time.monotonic() + 300, 300)
+    other = judge.ChildRunner(tmp_path / "escapes.py", time.monotonic() + 300, 300,
                               source=STOPPED_CHILD)
     try:
         assert timed.start()["status"] == "loaded" and other.start()["status"] == "loaded"
-        grandchild = int(bench.CHILD_LOG.read_text().split("grandchild ")[1].split()[0])
+        grandchild = int(judge.CHILD_LOG.read_text().split("grandchild ")[1].split()[0])
         with timed.alone():
             assert state(other.proc.pid) == "T" and state(grandchild) == "T"
             assert state(timed.proc.pid) != "T"
@@ -798,7 +874,7 @@ def test_a_window_runs_with_every_other_process_below_the_judge_stopped(tmp_path
     finally:
         for runner in (timed, other):
             runner.stop()
-            bench.ChildRunner.started.remove(runner)
+            judge.ChildRunner.started.remove(runner)
         if grandchild:
             os.kill(grandchild, 9)
 

@@ -14,7 +14,6 @@ import concurrent.futures
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,6 @@ from autokernel.results import COLUMNS
 
 CUDA_DIR = autokernel.KERNELS_DIR / "cuda"
 PLANTED = Path(__file__).resolve().parent / "planted_cuda"
-COMPILE_BUDGET_S = 60.0
 needs_nvcc = pytest.mark.skipif(not cuda_build.nvcc_available(),
                                 reason="nvcc (the CUDA toolkit) is not installed")
 GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
@@ -43,9 +41,8 @@ GIT_ENV = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The starters and the planted kernels imported (so compiled) for sm_90a into a fresh
-    cache, two builds at a time: {file stem: module or the exception}, and the CPU seconds the
-    compilers took (nvcc and the host compiler are child processes; wall time would measure how
-    busy the machine is)."""
+    cache, two builds at a time: ({file stem: module or the exception}, the cache directory).
+    How long the compiles take is a benchmark's question (benchmarks/), not a test's."""
     saved_cache, saved_arch = cuda_build.CACHE_DIR, os.environ.get("AUTOKERNEL_CUDA_ARCH")
     cuda_build.CACHE_DIR = tmp_path_factory.mktemp("cuda_build")
     os.environ["AUTOKERNEL_CUDA_ARCH"] = "90a"
@@ -57,22 +54,16 @@ def built(tmp_path_factory):
             return e
 
     paths = sorted(CUDA_DIR.glob("*.py")) + sorted(PLANTED.glob("*.py"))
-    before = _children_cpu_s()
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             modules = dict(zip((p.stem for p in paths), pool.map(load, paths)))
-        yield modules, _children_cpu_s() - before, cuda_build.CACHE_DIR
+        yield modules, cuda_build.CACHE_DIR
     finally:
         cuda_build.CACHE_DIR = saved_cache
         if saved_arch is None:
             os.environ.pop("AUTOKERNEL_CUDA_ARCH", None)
         else:
             os.environ["AUTOKERNEL_CUDA_ARCH"] = saved_arch
-
-
-def _children_cpu_s():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 @needs_nvcc
@@ -88,18 +79,10 @@ def test_cuda_starter_compiles_for_hopper_and_keeps_the_contract(built, kernel_t
 
 
 @needs_nvcc
-def test_all_starters_compile_within_a_minute(built):
-    """Within a minute of compiler time: one core does them all in under a minute."""
-    modules, seconds, _ = built
-    assert all(not isinstance(modules[t], Exception) for t in autokernel.KERNEL_TYPE_NAMES)
-    assert seconds < COMPILE_BUDGET_S, f"compiling the CUDA starters took {seconds:.0f} s of CPU"
-
-
-@needs_nvcc
 def test_a_cuda_kernel_file_loaded_from_memory_reuses_its_build(built, monkeypatch):
     """The kept version's process loads its file from memory: the same text, the same #line,
     so the same build (no nvcc run), and compile errors still name the file's line."""
-    monkeypatch.setattr(cuda_build, "CACHE_DIR", built[2])
+    monkeypatch.setattr(cuda_build, "CACHE_DIR", built[1])
     keys = []
     build = cuda_build._build
     monkeypatch.setattr(cuda_build, "_build", lambda text, key, *rest: keys.append(key) or
@@ -249,7 +232,7 @@ def test_contract_takes_the_cuda_backend():
 def test_bench_refuses_a_cuda_kernel_in_one_line_and_changes_nothing(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("bench.py", "reference.py", ".gitignore"):
+    for name in ("bench.py", ".gitignore"):
         shutil.copy(autokernel.ROOT / name, repo / name)
     for folder in ("autokernel", "kernels"):
         shutil.copytree(autokernel.ROOT / folder, repo / folder,
@@ -286,13 +269,13 @@ def test_verify_refuses_cuda_kernels_before_regating_them():
 
 
 def test_bench_refusal_covers_kernel_files_too():
-    import bench
+    from autokernel import experiment
     if autokernel.CUDA:
         pytest.skip("a GPU is present: bench.py judges CUDA kernels here")
     with pytest.raises(UsageError, match="softmax.py is a CUDA C.. kernel"):
-        bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
-    bench.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
-                                                                "softmax.py")))
+        experiment.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(CUDA_DIR / "softmax.py")))
+    experiment.refuse_cuda_without_gpu(argparse.Namespace(kernel=str(autokernel.KERNELS_DIR /
+                                                                     "softmax.py")))
 
 
 def test_extract_writes_cuda_starters_with_real_shapes(tmp_path, capsys):

@@ -249,6 +249,23 @@ def test_kernel_file_edited_after_its_keep_stops_the_export(tmp_path, capsys):
     assert not (tmp_path / "dist").exists()
 
 
+def test_a_keep_the_plan_cannot_place_is_named(tmp_path, capsys):
+    """A kept row on this branch whose tag no plan kernel has (kernel.py judged without its
+    KERNEL_NAME line: tagged by its type) is named on a line of its own."""
+    import subprocess
+    args = night(tmp_path)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    append_row({"experiment": 2, "tag": "softmax", "kernel_type": "softmax", "latency_us": 9.0,
+                "correctness": "PASS", "status": "keep", "commit": head,
+                "kernel_sha256": "0" * 64}, tmp_path / "results.tsv")
+    assert export.main(["--out", str(tmp_path / "dist"), *args]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "unplaced keep" in line]
+    assert lines == [f"unplaced keep: experiment 2, tag softmax, commit {head}: no kernel of "
+                     f"plan.json is named 'softmax', so it is neither verified nor exported (its "
+                     f"code: git show {head}:kernel.py)"]
+
+
 def test_bad_package_name_is_a_usage_error(tmp_path):
     assert export.main(["--out", str(tmp_path), "--starters", "--name", "2fast"]) == 2
 

@@ -193,7 +193,7 @@ def test_bad_input_one_line_error(setup, capsys, extra, message):
 def test_main_job_from_a_fresh_copy(tmp_path):
     """`uv run profile.py` (no arguments: the default model on a CPU), then
     `uv run extract.py --top 5`, in a copy of the repo with an empty workspace."""
-    for name in ("reference.py", "profile.py", "extract.py"):
+    for name in ("profile.py", "extract.py"):
         shutil.copy(autokernel.ROOT / name, tmp_path / name)
     for folder in ("autokernel", "models"):
         shutil.copytree(autokernel.ROOT / folder, tmp_path / folder,

@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import verify
-from autokernel import fusion
-from autokernel.swap import KernelOp, Swap
+from autokernel import fusion, verify_report, verify_select
+from autokernel.kernel_call import KernelOp
+from autokernel.swap import Swap
 
 ROOT = Path(__file__).resolve().parent.parent
 aten = torch.ops.aten
@@ -19,7 +19,7 @@ aten = torch.ops.aten
 
 def compiled_op(path):
     """The kernel file's custom op, as a compiled swap registers it."""
-    return KernelOp(verify.load_kernel(path), compiled=True).op
+    return KernelOp(verify_select.load_kernel(path), compiled=True).op
 
 
 def block(op, x_shape=(2, 8, 32)):
@@ -134,7 +134,7 @@ def test_the_pass_cache_key_changes_with_the_kernels_that_take_a_residual(tmp_pa
 def test_a_compiled_swap_installs_the_pass_for_its_compiles_only():
     import torch._inductor.config as config
     before = config.post_grad_custom_post_pass
-    k = verify.load_kernel(ROOT / "kernels" / "matmul.py")
+    k = verify_select.load_kernel(ROOT / "kernels" / "matmul.py")
     with Swap([k], compiled=True).installed(nn.Linear(4, 4)):
         assert isinstance(config.post_grad_custom_post_pass, fusion.FusionPass)
     assert config.post_grad_custom_post_pass is before
@@ -168,7 +168,8 @@ def test_inductor_folds_a_pre_norm_blocks_adds_and_norm_and_keeps_its_outputs(mo
     torch.manual_seed(0)
     model, x = Block().eval(), torch.randn(2, 8, 32)
     want = model(x)
-    k, norm = (verify.load_kernel(ROOT / "kernels" / f"{t}.py") for t in ("matmul", "layernorm"))
+    k, norm = (verify_select.load_kernel(ROOT / "kernels" / f"{t}.py")
+               for t in ("matmul", "layernorm"))
     swap = Swap([k, norm], compiled=True)
     torch._dynamo.reset()
     with torch.no_grad(), config.patch(force_disable_caches=True), swap.installed(model):
@@ -187,13 +188,13 @@ def test_inductor_folds_a_pre_norm_blocks_adds_and_norm_and_keeps_its_outputs(mo
 
 
 def test_verify_says_which_calls_had_the_add_after_them_folded_in(capsys):
-    verify.print_compile_kernels({
+    verify_report.print_compile_kernels({
         "compile_ms": 4.65, "compile_kernels_ms": 4.43, "graph_breaks": 0,
         "compile_kernels_calls": {"layernorm": 25, "matmul": 49},
         "compile_kernels_folded": {"matmul": 24}, "compile_kernels_correctness": None})
     line = capsys.readouterr().out
     assert "layernorm 25, matmul 49 (24 with the add after it folded in);" in line
-    verify.print_compile_kernels({
+    verify_report.print_compile_kernels({
         "compile_ms": 4.65, "compile_kernels_ms": 4.33, "graph_breaks": 0,
         "compile_kernels_calls": {"layernorm": 1, "matmul": 49},
         "compile_kernels_folded": {"matmul": 24}, "compile_kernels_normed": {"matmul": 24},

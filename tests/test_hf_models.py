@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import autokernel
-import verify
+from autokernel import verify_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,7 +73,7 @@ def build(name):
 def test_every_kernel_type_runs_on_transformers_models(name):
     model, types = build(name)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
-    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    report = verify_run.verify(model, (ids,), kernels(*types), timing=False)
     entries = by_name(report)
     for t in types:
         e = entries[t]
@@ -141,15 +141,16 @@ def test_mlp_activation_runs_in_the_matmul_epilogue(name, want):
     """GPT-2's MLP (transformers' Conv1D and models/gpt2.py's nn.Linear) and BERT's intermediate:
     the first projection and its GELU are one matmul call with the activation in the kernel;
     the model's outputs still match."""
-    import reference
-    from autokernel.swap import Kernel, Swap
+    from autokernel import reference
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
     model = build_or_ours(name)
     seen = []
 
     def fn(A, B, bias=None, activation=None):
         seen.append(activation)
         return reference.matmul_eager(A, B, bias, activation)
-    swap = Swap([Kernel("matmul", "matmul", autokernel.ROOT / "reference.py", fn)])
+    swap = Swap([Kernel("matmul", "matmul", autokernel.ROOT / "autokernel" / "reference.py", fn)])
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         out = model(ids)
@@ -191,15 +192,16 @@ def test_attention_takes_the_projections_views_without_a_copy(name):
     """GPT-2 splits q, k and v from one c_attn output; Qwen2's come from separate projections.
     Either way each arrives as rows of positions seen through .transpose(1, 2), and the swap
     hands the kernel those views (no copy: the layout the contract's "bshd" variant gates)."""
-    import reference
-    from autokernel.swap import Kernel, Swap
+    from autokernel import reference
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
     model = build_or_ours(name)
     seen = []
 
     def fn(Q, K, V, causal=True, scale=None):
         seen.append([t.is_contiguous() for t in (Q, K, V)])
         return reference.flash_attention_eager(Q, K, V, causal, scale)
-    swap = Swap([Kernel("attention", "flash_attention", autokernel.ROOT / "reference.py", fn)])
+    swap = Swap([Kernel("attention", "flash_attention", autokernel.ROOT / "autokernel" / "reference.py", fn)])
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), swap.installed(model):
         model(ids) if name == "ours" else model(ids, use_cache=False)  # a cache concatenates K, V
@@ -220,7 +222,7 @@ def test_partial_rotary_runs_only_where_the_models_function_agrees(monkeypatch):
     monkeypatch.setattr(module, "apply_rotary_pos_emb", turn_last_dims)
     model, types = build("gpt_neox")
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
-    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    report = verify_run.verify(model, (ids,), kernels(*types), timing=False)
     rotary = by_name(report)["rotary_embedding"]
     assert rotary["fallbacks"] == {"partial rotary: the model's function differs": 1}, rotary
     assert report["correctness"]["passed"], report["correctness"]
@@ -234,7 +236,7 @@ def test_qkv_rotary_runs_in_transformers_attention_layers(name):
     model, types = build(name)
     types = tuple(t for t in types if t != "rotary_embedding") + ("qkv_rotary",)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
-    report = verify.verify(model, (ids,), kernels(*types), timing=False)
+    report = verify_run.verify(model, (ids,), kernels(*types), timing=False)
     qkv = by_name(report)["qkv_rotary"]
     assert qkv["calls"] > 0 and not qkv["fallbacks"] and not qkv["skipped"], qkv
     assert report["correctness"]["passed"] and report["passed"], report["failures"]

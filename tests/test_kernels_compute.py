@@ -3,7 +3,7 @@ kernels/flash_attention.py, kernels/fused_mlp.py.
 
     uv run pytest tests/test_kernels_compute.py
 
-Each kernel is judged like bench.py judges it: fp64 oracle from reference.py, the shared
+Each kernel is judged like bench.py judges it: fp64 oracle from autokernel/reference.py, the shared
 tolerance, every CPU shape set and adversarial input of its type, fp16 and fp32 (the interpreter's
 bf16 tl.dot is wrong, so bf16 runs on the GPU only), plus the strided layouts models hand over.
 """
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import autokernel
+from autokernel import reference
 from autokernel.contract import load_module
 from autokernel.kernel_types import SHARP_STD
-import reference
 
 KERNELS = ("matmul", "flash_attention", "fused_mlp")
 DTYPES = (torch.float16, torch.float32)

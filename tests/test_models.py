@@ -200,7 +200,7 @@ def test_rotary_tables_survive_half():
 
 def test_rotary_matches_reference_tables_and_offset():
     import autokernel
-    import reference
+    from autokernel import reference
     rope = RotaryEmbedding(32, 128, base=10000.0)
     x = torch.randn(2, 3, 20, 32, dtype=torch.float64)
     cos, sin = autokernel.rotary_tables(20, 32, torch.float64, "cpu", offset=7)

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import autokernel
-import verify
-from autokernel import ops
+from autokernel import ops, verify_report, verify_run, verify_select
 from autokernel.endtoend import checked_forward, compare_runs, forward
-from autokernel.swap import KernelFailure, Swap, WeightCache
+from autokernel.kernel_call import KernelFailure
+from autokernel.swap import Swap
+from autokernel.weight_cache import WeightCache
 from models import custom
 
 KDIR = Path(__file__).resolve().parent / "kernels_for_verify"
@@ -30,7 +31,7 @@ SMALL = {"matmul": (8, 16, 32), "softmax": (4, 24), "layernorm": (4, 24), "rmsno
 
 
 def kernel(name):
-    return verify.load_kernel(KDIR / f"{name}.py")
+    return verify_select.load_kernel(KDIR / f"{name}.py")
 
 
 def small_inputs(kernel_type, variant=None, dtype=torch.float32):
@@ -140,7 +141,7 @@ def test_eager_swap_calls_kernel_fn_directly():
 def test_compiled_swap_checks_the_kernels_output(tmp_path):
     bad = tmp_path / "softmax.py"
     bad.write_text((KDIR / "softmax.py").read_text() + "\n\ndef kernel_fn(x):\n    return x[:1]\n")
-    swap = Swap([verify.load_kernel(bad)], compiled=True)
+    swap = Swap([verify_select.load_kernel(bad)], compiled=True)
     with pytest.raises(KernelFailure, match="returned"):
         with swap.installed(torch.nn.Identity()):
             torch.softmax(torch.randn(4, 8), dim=-1)
@@ -155,7 +156,7 @@ def test_compiled_model_with_kernels_traces_without_graph_breaks():
             forward(model, inputs)  # the eager verdicts the traced forward keeps (ignore_index)
             # explain: a trace with no backend compile; it also sees data-dependent breaks,
             # which dynamo's graph_break counter does not count.
-            assert verify.graph_breaks(model, inputs) == 0
+            assert verify_run.graph_breaks(model, inputs) == 0
             compiled = torch.compile(model, backend="aot_eager")
             checked_forward(compiled, inputs)
             swap.reset()
@@ -171,8 +172,8 @@ def test_compiled_model_with_kernels_traces_without_graph_breaks():
 
 def test_verify_times_torch_compile_with_kernels_inside():
     model, inputs = tiny_custom()
-    report = verify.verify(model, inputs, [kernel(n) for n in CUSTOM_TYPES], warmup=0, repeat=1,
-                           compile_backend="inductor")
+    report = verify_run.verify(model, inputs, [kernel(n) for n in CUSTOM_TYPES], warmup=0, repeat=1,
+                               compile_backend="inductor")
     t = report["timing"]
     assert report["passed"], report["failures"]
     assert t["compile_ms"] and t["compile_kernels_ms"], t["compile_kernels_note"]
@@ -181,15 +182,15 @@ def test_verify_times_torch_compile_with_kernels_inside():
     assert t["compile_kernels_correctness"]["passed"], t["compile_kernels_correctness"]
     assert report["best_variant"] in ("kernels", "gainers", "compile_kernels")
     assert report["best_speedup_vs_compile"] == pytest.approx(t["compile_ms"] / report["best_ms"])
-    verify.print_report(report)
+    verify_report.print_report(report)
 
 
 def test_verify_attributes_the_gain_inside_torch_compile_per_kernel():
     """--compile-alone: each kernel alone inside torch.compile, and the kernels that gain there
     compiled together; the best variant is the fastest whose outputs match."""
     model, inputs = tiny_custom()
-    report = verify.verify(model, inputs, [kernel(n) for n in ("softmax", "reduce")], warmup=0,
-                           repeat=1, compile_backend="aot_eager", compile_alone=True)
+    report = verify_run.verify(model, inputs, [kernel(n) for n in ("softmax", "reduce")], warmup=0,
+                               repeat=1, compile_backend="aot_eager", compile_alone=True)
     t = report["timing"]
     assert report["passed"], report["failures"]
     entries = {e["name"]: e for e in report["kernels"]}
@@ -202,7 +203,7 @@ def test_verify_attributes_the_gain_inside_torch_compile_per_kernel():
     times = {v: t[f"{v}_ms"] for v in ("kernels", "gainers", "compile_kernels", "compile_gainers")
              if t[f"{v}_ms"] is not None}
     assert report["best_variant"] == min(times, key=times.get)
-    verify.print_report(report)
+    verify_report.print_report(report)
 
 
 def test_verify_pairs_the_best_variant_with_torch_compile_in_interleaved_rounds():
@@ -210,9 +211,9 @@ def test_verify_pairs_the_best_variant_with_torch_compile_in_interleaved_rounds(
     whose order alternates; the headline ratio is the median of the rounds' ratios, the one-shot
     ratio is kept beside it."""
     model, inputs = tiny_custom()
-    report = verify.verify(model, inputs, [kernel(n) for n in ("softmax", "reduce")], warmup=0,
-                           repeat=1, compile_backend="aot_eager", compile_alone=False,
-                           paired_rounds=3)
+    report = verify_run.verify(model, inputs, [kernel(n) for n in ("softmax", "reduce")], warmup=0,
+                               repeat=1, compile_backend="aot_eager", compile_alone=False,
+                               paired_rounds=3)
     t, paired = report["timing"], report["timing"]["paired"]
     assert report["passed"], report["failures"]
     assert paired["note"] is None and paired["variant"] == report["best_variant"]
@@ -220,7 +221,7 @@ def test_verify_pairs_the_best_variant_with_torch_compile_in_interleaved_rounds(
     assert report["best_speedup_vs_compile"] == paired["ratio"] == sorted(paired["ratios"])[1]
     assert report["best_speedup_vs_compile_single"] == pytest.approx(
         t["compile_ms"] / report["best_ms"])
-    verify.print_report(report)
+    verify_report.print_report(report)
 
 
 @pytest.mark.parametrize("variant", ["kernels", "gainers", "compile_kernels",
@@ -244,12 +245,12 @@ def test_pairing_times_the_best_variants_kernels_against_a_plain_torch_compile(v
                 run()
             seen.append(set(calls))
         return [[1.0] * rounds, [2.0] * rounds]  # torch.compile 1 ms, the variant 2 ms
-    monkeypatch.setattr(verify, "interleaved", one_forward_each)
+    monkeypatch.setattr(verify_run, "interleaved", one_forward_each)
     originals = (torch.sum, torch.Tensor.sum, F.softmax, torch.Tensor.softmax)
     report = {"best_variant": variant, "best_speedup_vs_compile": 0.6,
               "timing": {"gainers": ["softmax"], "compile_gainers": ["reduce"]}}
-    verify.pair_with_compile(report, model, inputs, [(k, {}) for k in kernels], WeightCache(),
-                             "copy", "aot_eager", 1, 1, False, 3)
+    verify_run.pair_with_compile(report, model, inputs, [(k, {}) for k in kernels], WeightCache(),
+                                 "copy", "aot_eager", 1, 1, False, 3)
     want = {"gainers": {"softmax"}, "compile_gainers": {"reduce"}}.get(variant,
                                                                        {"softmax", "reduce"})
     assert seen == [set(), want]

@@ -23,7 +23,7 @@ def cell(value):
 
 
 def row(experiment, tag, status="keep", latency=100.0, correctness="PASS", minutes=0,
-        speedup=math.nan, pct=math.nan, timing_valid=True, kernel_type=None):
+        speedup=math.nan, pct=math.nan, timing_valid=True, kernel_type=None, commit=""):
     """One results.tsv row as read back (strings; only what orchestrate reads matters)."""
     kernel_type = kernel_type or tag.split("_")[0]
     ok = correctness == "PASS"
@@ -33,7 +33,8 @@ def row(experiment, tag, status="keep", latency=100.0, correctness="PASS", minut
               "speedup_vs_pytorch": speedup if ok else math.nan, "correctness": correctness,
               "peak_vram_mb": 1.0, "description": f"exp {experiment}",
               "bandwidth_gb_s": 1000.0 / latency if ok else math.nan,
-              "status": status, "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
+              "status": status, "commit": commit,
+              "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
               "shape": "64x1024", "dtype": "fp16", "device": "cpu-interpreter",
               "timing_valid": str(timing_valid).lower(), "reason": "" if ok else "planted"}
     return {c: cell(values.get(c, "")) for c in results.COLUMNS}
@@ -189,11 +190,17 @@ def kernel_source(kernel_type, name, note=""):
     return f'KERNEL_TYPE = "{kernel_type}"\n{note}\nKERNEL_NAME = "{name}"\n'
 
 
+def cuda_starter(kernel_type):
+    return (f'"""The {kernel_type} CUDA starter."""\nKERNEL_TYPE = "{kernel_type}"\n'
+            f'BACKEND = "cuda"\n')
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     for attr, rel_path in [("ROOT", "."), ("KERNEL_PY", "kernel.py"), ("WORKSPACE", "workspace"),
                            ("RESULTS_TSV", "results.tsv"), ("PLAN_JSON", "workspace/plan.json"),
-                           ("ORCHESTRATE_JSON", "workspace/orchestrate.json")]:
+                           ("ORCHESTRATE_JSON", "workspace/orchestrate.json"),
+                           ("KERNELS_DIR", "kernels")]:
         monkeypatch.setattr(ak, attr, (tmp_path / rel_path).resolve())
     monkeypatch.delenv("AUTOKERNEL_NOW", raising=False)
     git(tmp_path, "init", "-q")
@@ -201,6 +208,10 @@ def repo(tmp_path, monkeypatch):
     git(tmp_path, "config", "user.name", "test")
     (tmp_path / ".gitignore").write_text("workspace/\nresults.tsv\n")
     (tmp_path / "kernel.py").write_text('KERNEL_TYPE = "softmax"\n')
+    (tmp_path / "kernels/cuda").mkdir(parents=True)
+    for k in PLAN["kernels"]:
+        (tmp_path / f"kernels/cuda/{k['kernel_type']}.py").write_text(
+            cuda_starter(k["kernel_type"]))
     git(tmp_path, "add", "-A")
     git(tmp_path, "commit", "-q", "-m", "init")
     (tmp_path / "workspace").mkdir()
@@ -217,13 +228,16 @@ def run_cli(capsys, *argv, code=0):
 
 
 def bench(repo, rows, tag, status, latency=100.0, correctness="PASS", minutes=0):
-    """What bench.py does: append a row; on keep, commit kernel.py (edited) as 'bench: keep'."""
-    n = len(rows) + 1
+    """What bench.py does: append a row; on keep, commit kernel.py (edited) as 'bench: keep'
+    and name that commit in the row."""
+    n, commit = len(rows) + 1, ""
     if status == "keep":
         with open(repo / "kernel.py", "a") as f:
             f.write(f"# kept experiment {n}\n")
         git(repo, "commit", "-q", "-am", f"bench: keep {tag} exp {n}")
-    rows.append(row(n, tag, status, latency, correctness, minutes, timing_valid=False))
+        commit = git(repo, "rev-parse", "--short", "HEAD").strip()
+    rows.append(row(n, tag, status, latency, correctness, minutes, timing_valid=False,
+                    commit=commit))
     write_tsv(repo / "results.tsv", rows)
 
 
@@ -311,6 +325,28 @@ def test_state_is_rebuilt_when_missing_corrupt_or_stale(repo, capsys):
     assert "no kernel 'nope'" in err and err.count("\n") == 1
 
 
+def test_the_night_kernel_is_orchestrates_current_one(repo, capsys):
+    """bench.py's night (workspace.night_kernel): the plan entry of the last visit, only while
+    orchestrate.json was written for this plan.json; kernel.py must agree with its names."""
+    from autokernel import contract
+    plan = ak.PLAN_JSON.read_text()
+    ak.PLAN_JSON.unlink()
+    assert workspace.night_kernel() is None  # no plan: no night
+    ak.PLAN_JSON.write_text(plan)
+    assert workspace.night_kernel() is None  # a plan, no visit yet
+    run_cli(capsys, "next", "--now", T0.isoformat())
+    entry = workspace.night_kernel()
+    assert entry["name"] == "reduce_1"
+    attrs = {"KERNEL_TYPE": "reduce", "KERNEL_NAME": "reduce_1"}
+    assert contract.night_disagreement(attrs, entry) is None
+    assert "no KERNEL_NAME line" in contract.night_disagreement({"KERNEL_TYPE": "reduce"}, entry)
+    assert "KERNEL_NAME = 'reduce'" in contract.night_disagreement(
+        dict(attrs, KERNEL_NAME="reduce"), entry)
+    assert contract.night_attrs(entry)["KERNEL_NAME"] == "reduce_1"
+    ak.PLAN_JSON.write_text(json.dumps(dict(json.loads(plan), created="2026-02-02T00:00:00")))
+    assert workspace.night_kernel() is None  # a new plan: a new night, not yet begun
+
+
 def test_status_projection(repo, capsys):
     run_cli(capsys, "next", "--now", T0.isoformat())
     rows = []
@@ -334,8 +370,7 @@ def test_results_in_another_format_are_refused_in_one_line(repo, capsys):
 
 def test_cli_errors_are_one_line(tmp_path):
     """The real CLI, as the agent runs it, from a copy without plan.json."""
-    for script in ("orchestrate.py", "reference.py"):
-        (tmp_path / script).write_text((ak.ROOT / script).read_text())
+    (tmp_path / "orchestrate.py").write_text((ak.ROOT / "orchestrate.py").read_text())
     shutil.copytree(ak.ROOT / "autokernel", tmp_path / "autokernel",
                     ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run([sys.executable, "orchestrate.py", "next"], cwd=tmp_path,
@@ -360,3 +395,96 @@ def test_first_next_refuses_to_overwrite_an_edit(repo, capsys):
     _, _, err = run_cli(capsys, "next", "--now", T0.isoformat(), code=2)
     assert err.count("\n") == 1 and "kernel.py has uncommitted edits" in err
     assert (repo / "kernel.py").read_text() == "someone's edit\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# A CUDA C++ rewrite: a visit of its own, with its own revert budget
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """`rewrite` refuses without an NVIDIA GPU; the rest of it needs none."""
+    monkeypatch.setattr(ak, "CUDA", True)
+
+
+def rewrite_after_plateau(repo, capsys, rows, now):
+    """reduce_1 installed, kept twice, then 4 reverts (one short of the move-on rule), then
+    rewritten in CUDA C++. Returns the Triton best."""
+    run_cli(capsys, "next", *now)
+    bench(repo, rows, "reduce_1", "keep", 100)
+    bench(repo, rows, "reduce_1", "keep", 80)
+    for _ in range(4):
+        bench(repo, rows, "reduce_1", "revert", 120)
+    best = git(repo, "show", "HEAD:kernel.py")
+    out, _, _ = run_cli(capsys, "rewrite", *now)
+    assert (out["action"], out["kernel"]) == ("rewrite", "reduce_1")
+    assert "10 consecutive reverts" in out["reason"]
+    return best
+
+
+def test_a_rewrite_gets_ten_reverts_before_next_moves_on(repo, capsys, gpu):
+    now, rows = ["--now", T0.isoformat()], []
+    triton_best = rewrite_after_plateau(repo, capsys, rows, now)
+    source = (repo / "kernel.py").read_text()
+    assert source.startswith(cuda_starter("reduce")) and "KERNEL_NAME = 'reduce_1'" in source
+    assert "BENCH_SHAPES = [\n    (64, 1024),\n]" in source and "BENCH_DTYPE = 'fp16'" in source
+    assert git(repo, "log", "-1", "--format=%s").strip() == \
+        "orchestrate: rewrite reduce_1 in CUDA C++ (from results.tsv row 6)"
+    assert git(repo, "status", "--porcelain") == ""
+    for i in range(9):  # the CUDA starter and eight edits, each slower than the Triton best
+        bench(repo, rows, "reduce_1", "revert", 120)
+        out, _, _ = run_cli(capsys, "next", *now)
+        assert out["action"] == "stay", out
+        assert f"{i + 1} of 10 consecutive reverts (a CUDA rewrite)" in out["reason"]
+    bench(repo, rows, "reduce_1", "revert", 120)
+    out, _, _ = run_cli(capsys, "next", *now)
+    assert (out["action"], out["kernel"]) == ("switch", "softmax_1")
+    assert "10 consecutive reverts (limit 10, a CUDA rewrite)" in out["reason"]
+    # the rewrite never beat the Triton version: that stays the file of record, not the starter
+    assert (repo / "workspace/reduce_1.py").read_text() == triton_best
+    state = json.loads((repo / "workspace/orchestrate.json").read_text())
+    assert [(v["kernel"], v["first_row"], v.get("rewrite")) for v in state["visits"]] == \
+        [("reduce_1", 0, None), ("reduce_1", 6, "cuda"), ("softmax_1", 16, None)]
+
+
+def test_a_kept_cuda_version_is_the_one_saved(repo, capsys, gpu):
+    now, rows = ["--now", T0.isoformat()], []
+    rewrite_after_plateau(repo, capsys, rows, now)
+    bench(repo, rows, "reduce_1", "keep", 60)  # the CUDA version beat the Triton one
+    kept = git(repo, "show", "HEAD:kernel.py")
+    out, _, _ = run_cli(capsys, "install", "softmax_1", *now)
+    assert (repo / "workspace/reduce_1.py").read_text() == kept and "BACKEND = \"cuda\"" in kept
+
+
+def test_a_rewrite_visit_survives_a_rebuilt_state(repo, capsys, gpu):
+    now, rows = ["--now", T0.isoformat()], []
+    rewrite_after_plateau(repo, capsys, rows, now)
+    for _ in range(6):
+        bench(repo, rows, "reduce_1", "revert", 120, minutes=30)
+    (repo / "workspace/orchestrate.json").unlink()
+    _, text, err = run_cli(capsys, "status", *now)
+    assert "rebuilt" in err
+    assert "current: reduce_1: 6 of 10 consecutive reverts (a CUDA rewrite)" in text
+    state = json.loads((repo / "workspace/orchestrate.json").read_text())
+    assert [(v["first_row"], v.get("rewrite")) for v in state["visits"]] == [(0, None), (6, "cuda")]
+    # the budget is a flag, like the other limits
+    out, _, _ = run_cli(capsys, "next", "--rewrite-reverts", "6", *now)
+    assert out["action"] == "switch" and "limit 6, a CUDA rewrite" in out["reason"]
+
+
+def test_rewrite_refusals_are_one_line(repo, capsys, monkeypatch):
+    now = ["--now", T0.isoformat()]
+    _, _, err = run_cli(capsys, "rewrite", *now, code=2)
+    assert err.count("\n") == 1 and "run `uv run orchestrate.py next` first" in err
+    run_cli(capsys, "next", *now)
+    _, _, err = run_cli(capsys, "rewrite", *now, code=2)  # this machine has no GPU
+    assert err.count("\n") == 1 and "need an NVIDIA GPU" in err
+    assert (repo / "kernel.py").read_text() == (repo / "workspace/reduce_1.py").read_text()
+    monkeypatch.setattr(ak, "CUDA", True)
+    (repo / "kernel.py").write_text("an edit\n")
+    _, _, err = run_cli(capsys, "rewrite", *now, code=2)
+    assert err.count("\n") == 1 and "uncommitted edits" in err
+    git(repo, "checkout", "-q", "--", "kernel.py")
+    run_cli(capsys, "rewrite", *now)
+    _, _, err = run_cli(capsys, "rewrite", *now, code=2)
+    assert err.count("\n") == 1 and "CUDA C++ already" in err

@@ -1,8 +1,8 @@
 """The overnight run, end to end on a CPU, through the real CLIs: a scripted agent that uses only
 commands program.md gives profiles a two-op model, extracts its kernels and works on both with a
 switch between them: seven experiments on the first (slow, faster, slower, wrong, crashing,
-torch doing the math, a forged results.tsv; syntax errors and hangs are tests/test_bench.py's
-CLI cases), then a baseline and a cached output on the second; then the morning: analysis and
+torch doing the math, a forged results.tsv: the last two refused by the source check before they
+run; syntax errors and hangs are tests/test_bench.py's CLI cases), then a baseline and a cached output on the second; then the morning: analysis and
 verify. Checked: every attempt has its row, one commit per keep, the orchestrator's moves (by
 reverts and speedup, and by time), each kernel's workspace file is its last kept version, verify
 re-gated exactly those versions, and analysis prints results.tsv's numbers.
@@ -80,7 +80,8 @@ EDITS = {  # name -> (description for -m, edit(kernel type, source, starter) -> 
     "wrong": ("drop a term (wrong math)", lambda k, s, starter: s.replace(*WRONG_MATH[k])),
     "crash": ("abort", wrapped("    import os\n    os.abort()\n")),
     "torch": ("let torch do it", wrapped(
-        "    import reference\n    return getattr(reference, KERNEL_TYPE)(*args, **kwargs)\n")),
+        "    from autokernel import reference\n"
+        "    return getattr(reference, KERNEL_TYPE)(*args, **kwargs)\n")),
     "cached": ("cache the output", wrapped(
         "    if not _cache:\n        _cache.append(_original(*args, **kwargs))\n"
         "    return _cache[0]\n", "_cache = []\n")),
@@ -99,8 +100,8 @@ FIRST_VISIT = [
     ("slower", "PASS", "revert", "the kept version"),
     ("wrong", "FAIL", "revert", "smoke"),
     ("crash", "CRASH", "revert", "SIGABRT"),
-    ("torch", "FAIL", "revert", "torch"),
-    ("forge", "FAIL", "revert", "changed results.tsv"),
+    ("torch", "FAIL", "revert", "import reference: the judge's own code"),  # source check
+    ("forge", "FAIL", "revert", "open('results.tsv', 'a'): writing files"),
 ]
 SECOND_VISIT = [
     (None, "PASS", "keep", "first correct version"),  # the baseline, as program.md says
@@ -303,4 +304,4 @@ def test_program_md_names_real_scripts_and_flags():
         assert (REPO / script).is_file(), f"program.md runs {script}, which does not exist"
     for c in commands:
         if c.split()[2] == "orchestrate.py":
-            assert c.split()[3] in ("status", "next", "install"), c
+            assert c.split()[3] in ("status", "next", "install", "rewrite"), c

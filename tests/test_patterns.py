@@ -1,9 +1,9 @@
-"""Recognition by computation (autokernel/patterns.py): a model written without our classes --
-every kernel type spelled out in plain torch and nn.Linear -- profiles with each computation
-named by its kernel type, shape and contract variant; the usual spellings match, look-alikes
-don't; the instrumented forward computes what the model does; capture failing falls back to
-recognition by op name and module class; transformers' Llama profiles as before, plus the
-rotary embedding it writes as a function."""
+"""Recognition by computation (autokernel/graph_capture.py and the patterns it matches): a
+model written without our classes -- every kernel type spelled out in plain torch and nn.Linear
+-- profiles with each computation named by its kernel type, shape and contract variant; the
+usual spellings match, look-alikes don't; the instrumented forward computes what the model
+does; capture failing falls back to recognition by op name and module class; transformers'
+Llama profiles as before, plus the rotary embedding it writes as a function."""
 import math
 
 import pytest
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autokernel import patterns
+from autokernel import graph_capture
 from models import llama
 from test_profile import by_type, run_profile
 
@@ -117,7 +117,7 @@ def test_the_profiled_forward_computes_what_the_model_does():
     model, inputs = Composite().eval(), composite_inputs()
     with torch.inference_mode():
         want = model(*inputs)
-        forward, matches = patterns.capture(model, inputs)
+        forward, matches = graph_capture.capture(model, inputs)
         got = forward(*inputs)
     torch._dynamo.reset()
     assert len(matches) == 9
@@ -131,7 +131,7 @@ def kinds(fn, *inputs, skip=()):
             return fn(*args)
     try:
         with torch.inference_mode():
-            _, found = patterns.capture(Wrapped(), inputs, skip)
+            _, found = graph_capture.capture(Wrapped(), inputs, skip)
     finally:
         torch._dynamo.reset()
     return [(m.ktype, m.shape, m.variant, m.note) for m in found]
@@ -285,7 +285,7 @@ def test_masks_that_are_not_causal_are_noted():
 def test_capture_failure_falls_back_to_op_names_and_module_classes(monkeypatch, capsys):
     def broken(model, inputs, skip=()):
         raise RuntimeError("no graph today")
-    monkeypatch.setattr(patterns, "capture", broken)
+    monkeypatch.setattr(graph_capture, "capture", broken)
     cfg = llama.LLaMAConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=16, hidden=32)
     result = run_profile(llama.LLaMA(cfg).eval(), llama.get_inputs(1, 4, config=cfg))
     out = capsys.readouterr().out
@@ -312,7 +312,7 @@ def test_transformers_llama_profiles_as_before_plus_its_qkv_rotary(monkeypatch):
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     captured = run_profile(model, (ids,))
     with monkeypatch.context() as m:
-        m.setattr(patterns, "capture", lambda *a: (_ for _ in ()).throw(RuntimeError("off")))
+        m.setattr(graph_capture, "capture", lambda *a: (_ for _ in ()).throw(RuntimeError("off")))
         before = run_profile(model, (ids,))
 
     def normalized(result):  # shapes of one entry in a fixed order

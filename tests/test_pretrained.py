@@ -122,7 +122,7 @@ def test_profile_records_it_and_verify_rebuilds_the_same_model(saved, tmp_path, 
     assert profile_script.main(["--pretrained", str(directory), "--input-shape", "1x8",
                                 "--iters", "1", "--warmup", "0", "--output", str(out)]) == 0
     assert json.loads(out.read_text())["model_args"]["pretrained"] == str(directory)
-    monkeypatch.setattr(verify.autokernel, "PROFILE_JSON", out)
+    monkeypatch.setattr(autokernel, "PROFILE_JSON", out)
     code = verify.main(["--kernels", "kernels/rmsnorm.py", "--no-regate", "--no-timing",
                         "--out", str(tmp_path / "verify.json")])
     report = json.loads((tmp_path / "verify.json").read_text())

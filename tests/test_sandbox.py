@@ -8,6 +8,8 @@ the record or kills the judge is refused at import (FAIL, named) and changes not
 (AUTOKERNEL_SANDBOX=off, as where Landlock is missing) a killed judge is an experiment that
 failed: the next bench.py records it as a CRASH, restores the night but never the candidate, and
 refuses a crash record the kernel forged.
+The source check (autokernel/source_check.py) refuses these attacks before they run; the repos
+here are built without it, so the sandbox and the crash record meet them.
 
     uv run pytest tests/test_sandbox.py
 """
@@ -35,7 +37,7 @@ REFUSED = "the sandbox refused it"
 def forged_record_scenario(root):
     """Unconfined, a kernel forges the crash record (a kept row of 0.5 us) and kills the judge;
     then the agent's next, honest kernel.py is judged."""
-    repo = make_repo(root / "forged_record")
+    repo = make_repo(root / "forged_record", source_check=False)
     shutil.copy(ATTACKS / "forges_crash_record.py", repo / "kernel.py")
     killed = run_bench(repo, "-m", "forges the crash record", env=UNCONFINED)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
@@ -46,7 +48,7 @@ def forged_record_scenario(root):
 
 def killed_judge_scenario(root):
     """A kept version; unconfined, a kernel kills the judge; then the agent's next kernel.py."""
-    repo = make_repo(root / "killed_judge")
+    repo = make_repo(root / "killed_judge", source_check=False)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
     kept = run_bench(repo, "-m", "the kept version")
     before = {"head": git(repo, "rev-parse", "HEAD"),
@@ -63,7 +65,7 @@ def killed_judge_scenario(root):
 def confined_attacks_scenario(root, names):
     """A kept version, then each attack in turn in the same repo, in the sandbox; $HOME and the
     stand-in for site-packages are folders of this test."""
-    repo = make_repo(root / f"confined_{names[0]}")
+    repo = make_repo(root / f"confined_{names[0]}", source_check=False)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
     kept = run_bench(repo, "-m", "the kept version")
     home, site = root / f"home_{names[0]}", root / f"site_{names[0]}"

@@ -1,10 +1,8 @@
 """The one setup path: README's overnight section and program.md's setup give the same commands
-in the same order, and those commands, run in order in a fresh copy of the repo on a CPU, each
-exit 0 without a note; the night's branch exists before the first commit; and a `bench.py
---quick` followed by `orchestrate.py next` is answered (stay: judge it first), not refused.
-
-`uv run X.py` runs as `sys.executable X.py` (the same venv: `uv run` in the copy would build a
-second one), and profile.py gets a one-op model so the whole path takes about a minute."""
+in the same order. tests/test_program.py runs them in order in a fresh copy of the repo on a CPU
+(each exits 0 without a note, the night's branch exists before the first commit) with the
+helpers here: `uv run X.py` runs as `sys.executable X.py` (the same venv: `uv run` in the copy
+would build a second one), and profile.py gets a one-op model."""
 import os
 import re
 import subprocess
@@ -47,7 +45,7 @@ def readme_commands():
 
 def test_readme_and_program_md_give_the_same_setup():
     readme = readme_commands()
-    assert readme == block_commands(REPO / "program.md", "## 1. Setup")
+    assert readme == block_commands(REPO / "program.md", "## 6. Setup")
     assert readme[0].startswith("git checkout -b autokernel/"), "the branch must come first"
     scripts = [c.split()[2] for c in readme if c.startswith("uv run ")]
     assert scripts.index("extract.py") < scripts.index("orchestrate.py") < scripts.index("bench.py")
@@ -90,25 +88,3 @@ def shell(repo, command):
     assert proc.returncode == 0, f"{command}: rc {proc.returncode}\n{proc.stdout[-2000:]}" \
                                  f"{proc.stderr[-2000:]}"
     return dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
-
-
-def test_setup_runs_in_order_on_a_fresh_copy(tmp_path):
-    repo = fresh_copy(tmp_path)
-    clone = git(repo, "rev-parse", "HEAD")
-    for command in readme_commands():
-        shell(repo, command)
-    assert git(repo, "branch", "--show-current").startswith("autokernel/")
-    assert git(repo, "rev-parse", "main") == clone  # nothing was committed on main
-    assert git(repo, "log", "-1", "--format=%s") == "orchestrate: switch to reduce_1"
-    assert git(repo, "status", "--porcelain") == ""
-    assert "CPU mode" in (repo / "workspace/reduce_1.py").read_text()
-
-    # --quick leaves kernel.py edited by design: `next` answers stay until a full run judges it
-    (repo / "kernel.py").write_text((repo / "kernel.py").read_text() + "# an idea\n")
-    out = shell(repo, 'uv run bench.py --quick -m "an idea, smoke test"')
-    assert out["status"] == "judged"
-    assert out["keep_rule"].startswith("not compared (--quick") and out["best_kept_us"] \
-        .startswith("not compared")  # not "the first correct version": one is kept
-    out = shell(repo, "uv run orchestrate.py next")
-    assert out["action"] == "stay" and "uv run bench.py" in out["reason"]
-    assert (repo / "kernel.py").read_text().endswith("# an idea\n")

@@ -1,6 +1,7 @@
 """
 Every starter kernel (kernels/<type>.py, whichever exist) and the shipped kernel.py pass the real
-gate: autokernel.gate runs all five stages in-process at the CPU shape sets, on the interpreter.
+gate: the source check, and autokernel.gate's five stages in-process at the CPU shape sets, on the
+interpreter.
 
     uv run pytest tests/test_starters.py
 """
@@ -10,6 +11,7 @@ import autokernel
 from autokernel import gate
 from autokernel.child import Runner
 from autokernel.contract import check_module, load_module
+from autokernel.source_check import refusal
 
 STARTERS = [p for p in sorted(autokernel.KERNELS_DIR.glob("*.py"))
             if p.stem in autokernel.KERNEL_TYPES] + [autokernel.KERNEL_PY]
@@ -23,6 +25,12 @@ def test_starter_passes_the_gate(path):
     result = gate.check(Runner(module.kernel_fn), plan)
     assert result["correctness"] == "PASS", result["reason"]
     assert all(status == "PASS" for status in result["stages"].values()), result["stages"]
+
+
+@pytest.mark.parametrize("path", STARTERS, ids=lambda p: p.relative_to(autokernel.ROOT).as_posix())
+def test_starter_passes_the_source_check(path):
+    """What the judge reads before it runs a kernel file (autokernel/source_check.py)."""
+    assert refusal(path) is None
 
 
 def test_a_kernel_file_loads_from_memory():

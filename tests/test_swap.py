@@ -10,9 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autokernel
-import verify
 from autokernel.endtoend import forward
-from autokernel.swap import SWAP_RULES, Swap, _hits_ignore_index
+from autokernel import verify_run, verify_select
+from autokernel.swap import SWAP_RULES, Swap
+from autokernel.swap_torch import _hits_ignore_index
 from models import llama
 
 KDIR = Path(__file__).resolve().parent / "kernels_for_verify"
@@ -20,7 +21,7 @@ TINY_LLAMA = llama.LLaMAConfig(vocab_size=256, max_seq=64, n_layer=1, n_head=2, 
 
 
 def kernels(*names):
-    return [verify.load_kernel(KDIR / f"{n}.py") for n in names]
+    return [verify_select.load_kernel(KDIR / f"{n}.py") for n in names]
 
 
 # ---- installing and restoring the patches ---------------------------------------------------
@@ -66,7 +67,7 @@ def test_installed_restores_every_patch_on_exit_and_on_exception():
 
     boom = RaisesAfterForward(model)
     swap = Swap(kernels(*ALL_TYPES))
-    run, error = verify.run_swapped(boom, llama.get_inputs(1, 8, config=TINY_LLAMA), swap)
+    run, error = verify_run.run_swapped(boom, llama.get_inputs(1, 8, config=TINY_LLAMA), swap)
     assert run is None and "boom after the kernels ran" in error
     assert swap.calls["matmul"] > 0  # the patches were in when it raised
     assert_restored(before, boom)
@@ -120,9 +121,10 @@ def test_compiler_tables_are_built_before_the_swap_patches_torch():
     logits in every compiled run after the first. A fresh process, so nothing is imported yet."""
     import subprocess
     import sys
-    code = ("import torch, verify\n"
+    code = ("import torch, autokernel.kernel_types\n"
+            "from autokernel import verify_select\n"
             "from autokernel.swap import Swap\n"
-            f"k = verify.load_kernel({str(Path(__file__).parent / 'kernels_for_verify' / 'matmul.py')!r})\n"
+            f"k = verify_select.load_kernel({str(Path(__file__).parent / 'kernels_for_verify' / 'matmul.py')!r})\n"
             "with Swap([k], compiled=True).installed(torch.nn.Linear(2, 2)):\n"
             "    import torch._inductor.lowering\n"
             "from torch._inductor.select_algorithm import extern_kernels\n"

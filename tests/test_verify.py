@@ -15,9 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import verify
 import autokernel
-from autokernel.swap import WeightCache
+import verify
+from autokernel import regate, verify_run, verify_select
+from autokernel.weight_cache import WeightCache
 from models import bert, custom, gpt2, llama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +27,7 @@ TINY_LLAMA = llama.LLaMAConfig(vocab_size=256, max_seq=64, n_layer=1, n_head=2, 
 
 
 def kernels(*names):
-    return [verify.load_kernel(KDIR / f"{n}.py") for n in names]
+    return [verify_select.load_kernel(KDIR / f"{n}.py") for n in names]
 
 
 def kernel_paths(*names):
@@ -66,8 +67,8 @@ def test_llama_matmul_rmsnorm_attention_mlp_rotary():
     torch.manual_seed(0)
     model = nontrivial_norms(llama.LLaMA(TINY_LLAMA))
     names = ("matmul", "rmsnorm", "flash_attention", "fused_mlp", "rotary_embedding")
-    report = verify.verify(model, llama.get_inputs(2, 16, config=TINY_LLAMA), kernels(*names),
-                           timing=False)
+    report = verify_run.verify(model, llama.get_inputs(2, 16, config=TINY_LLAMA), kernels(*names),
+                               timing=False)
     assert_all_ran_and_match(report, names)
     calls = {n: e["calls"] for n, e in by_name(report).items()}
     # 1 layer: q,k,v,o + lm_head (the MLP's three projections run inside fused_mlp);
@@ -85,8 +86,8 @@ def test_gpt2_fp16_layernorm_and_linear_with_bias():
     cfg = gpt2.GPT2Config(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=64)
     model = nontrivial_norms(gpt2.GPT2(cfg)).half()
     names = ("layernorm", "matmul", "flash_attention")
-    report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), kernels(*names),
-                           timing=False)
+    report = verify_run.verify(model, gpt2.get_inputs(1, 16, config=cfg), kernels(*names),
+                               timing=False)
     assert_all_ran_and_match(report, names)
     assert report["dtype"] == "fp16" and report["correctness"]["tolerance"] == 2e-2
     assert by_name(report)["layernorm"]["calls"] == 3
@@ -111,8 +112,8 @@ def test_unaligned_vocab_is_padded_and_dispatched_by_the_model_shape(tmp_path):
     padded = weights.transposed(model.wte.weight)  # the lm_head is tied to the embedding
     assert padded.shape == (64, 192) and padded.is_contiguous()
     assert torch.equal(padded[:, :131], model.wte.weight.t()) and not padded[:, 131:].any()
-    report = verify.verify(model, gpt2.get_inputs(1, 16, config=cfg), verify.select_kernels(Args)[0],
-                           timing=False)
+    report = verify_run.verify(model, gpt2.get_inputs(1, 16, config=cfg),
+                               verify_select.select_kernels(Args)[0], timing=False)
     entry = by_name(report)["matmul_lm_head"]
     assert entry["calls"] == 1 and entry["shapes"] == ["16x131x64"], entry
     assert by_name(report)["matmul_rest"]["calls"] == 4  # qkv, proj, fc, fc proj (aligned)
@@ -124,8 +125,8 @@ def test_custom_softmax_sum_cross_entropy_and_timing():
     cfg = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32)
     model = nontrivial_norms(custom.CustomModel(cfg))
     names = ("softmax", "reduce", "cross_entropy")
-    report = verify.verify(model, custom.get_inputs(2, 16, config=cfg), kernels(*names),
-                           warmup=0, repeat=1)
+    report = verify_run.verify(model, custom.get_inputs(2, 16, config=cfg), kernels(*names),
+                               warmup=0, repeat=1)
     assert_all_ran_and_match(report, names)
     assert by_name(report)["softmax"]["shapes"] == ["64x16"]  # B*H*S rows of S scores
     # forward returns the loss: the logits it was computed from are compared, and the loss too
@@ -155,8 +156,8 @@ def test_wrong_softmax_in_custom_model_is_caught(tmp_path):
     torch.manual_seed(0)
     cfg = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32)
     model = nontrivial_norms(custom.CustomModel(cfg))
-    report = verify.verify(model, custom.get_inputs(2, 16, config=cfg),
-                           [verify.load_kernel(wrong)], timing=False)
+    report = verify_run.verify(model, custom.get_inputs(2, 16, config=cfg),
+                               [verify_select.load_kernel(wrong)], timing=False)
     assert not report["passed"] and by_name(report)["softmax"]["status"] == "mismatch"
     assert any("outputs mismatch" in f for f in report["failures"])
 
@@ -169,8 +170,8 @@ def test_bert_bidirectional_attention_and_its_eps_run_on_the_kernels():
     cfg = bert.BERTConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=32, hidden=64)
     model = nontrivial_norms(bert.BERT(cfg))
     names = ("flash_attention", "layernorm")
-    report = verify.verify(model, bert.get_inputs(1, 8, config=cfg), kernels(*names),
-                           timing=False)
+    report = verify_run.verify(model, bert.get_inputs(1, 8, config=cfg), kernels(*names),
+                               timing=False)
     assert_all_ran_and_match(report, names)
     assert all(not e["fallbacks"] for e in report["kernels"])
 
@@ -179,8 +180,8 @@ def test_rmsnorm_module_with_its_own_eps_is_swapped_and_a_missing_kernel_fails()
     cfg = llama.LLaMAConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=32, hidden=64,
                             eps=1e-5)
     model = nontrivial_norms(llama.LLaMA(cfg))
-    report = verify.verify(model, llama.get_inputs(1, 8, config=cfg),
-                           kernels("rmsnorm", "layernorm"), timing=False)
+    report = verify_run.verify(model, llama.get_inputs(1, 8, config=cfg),
+                               kernels("rmsnorm", "layernorm"), timing=False)
     entries = by_name(report)
     assert entries["rmsnorm"]["status"] == "ok" and entries["rmsnorm"]["calls"] == 3
     assert report["correctness"]["passed"], report["correctness"]
@@ -258,8 +259,8 @@ def test_norms_and_mlps_written_by_hand_are_recognized_by_what_they_compute():
     disagree keeps its forward, with the reason."""
     torch.manual_seed(0)
     model = nontrivial_norms(HandWritten())
-    report = verify.verify(model, {"x": torch.randn(2, 5, 32)},
-                           kernels("rmsnorm", "layernorm", "fused_mlp"), timing=False)
+    report = verify_run.verify(model, {"x": torch.randn(2, 5, 32)},
+                               kernels("rmsnorm", "layernorm", "fused_mlp"), timing=False)
     entries = by_name(report)
     assert entries["rmsnorm"]["calls"] == 1 and entries["layernorm"]["calls"] == 2, entries
     assert entries["fused_mlp"]["calls"] == 1, entries
@@ -278,8 +279,8 @@ def test_crashing_and_misshapen_kernels_are_named(tmp_path):
     cfg = custom.CustomConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=32)
     model = custom.CustomModel(cfg).eval()
     for path, words in ((bad, "returned (16, 1)"), (boom, "raised RuntimeError: oops")):
-        report = verify.verify(model, custom.get_inputs(2, 8, config=cfg),
-                               [verify.load_kernel(path)], timing=False)
+        report = verify_run.verify(model, custom.get_inputs(2, 8, config=cfg),
+                                   [verify_select.load_kernel(path)], timing=False)
         entry = report["kernels"][0]
         assert entry["status"] == "crashed" and words in entry["error"], entry
         assert not report["passed"]
@@ -308,8 +309,8 @@ def test_call_variants_swap_or_fall_back_with_reasons():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 40, generator=gen)
     targets = torch.randint(0, 40, (6,), generator=gen)
-    report = verify.verify(Variants(), (x, targets), kernels("softmax", "reduce", "cross_entropy"),
-                           timing=False)
+    report = verify_run.verify(Variants(), (x, targets),
+                               kernels("softmax", "reduce", "cross_entropy"), timing=False)
     entries = by_name(report)
     assert report["passed"], report["failures"]
     assert entries["softmax"]["calls"] == 2
@@ -337,8 +338,8 @@ def test_attention_variants_swap_or_fall_back_with_reasons():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 8, 16, generator=gen) for _ in range(3))
     k_few, v_few = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(2))
-    report = verify.verify(AttentionVariants(), (q, k, v, k_few, v_few),
-                           kernels("flash_attention"), timing=False)
+    report = verify_run.verify(AttentionVariants(), (q, k, v, k_few, v_few),
+                               kernels("flash_attention"), timing=False)
     entry = report["kernels"][0]
     assert report["passed"], report["failures"]
     assert entry["calls"] == 5
@@ -357,12 +358,12 @@ def test_two_kernels_of_one_type_dispatch_by_declared_shape(tmp_path):
 
     class Args:
         kernels, starters, plan, no_regate = None, False, str(tmp_path / "plan.json"), True
-    ks = verify.select_kernels(Args)[0]
+    ks = verify_select.select_kernels(Args)[0]
     torch.manual_seed(0)
     # The strided W.t() view (--weight-layout view) instead of a contiguous copy: the test
     # matmul honours strides, so the outputs must still match.
-    report = verify.verify(llama.LLaMA(TINY_LLAMA).eval(), llama.get_inputs(2, 16,
-                           config=TINY_LLAMA), ks, timing=False, weight_layout="view")
+    report = verify_run.verify(llama.LLaMA(TINY_LLAMA).eval(), llama.get_inputs(2, 16,
+                               config=TINY_LLAMA), ks, timing=False, weight_layout="view")
     entries = by_name(report)
     assert entries["matmul_lm_head"]["shapes"] == ["32x256x64"]
     assert entries["matmul_lm_head"]["calls"] == 1
@@ -433,9 +434,8 @@ def test_starters_without_a_call_site_are_neither_regated_nor_imported(tiny_mode
                                              f'raise RuntimeError("imported")\n')
     monkeypatch.setattr(autokernel, "starters_dir", lambda backend: starters)
     regated = []
-    monkeypatch.setattr(verify.regate, "regate",
-                        lambda path, timeout_s=180: (regated.append(Path(path).name) or True,
-                                                     "PASS, 1.0 us"))
+    monkeypatch.setattr(regate, "regate",
+                        lambda path, **_: (regated.append(Path(path).name) or True, "PASS"))
     out = tmp_path / "verify.json"
     assert verify.main(tiny_model + ["--starters", "--no-timing", "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -452,9 +452,9 @@ def test_a_refused_kernel_gives_its_call_sites_back(tiny_model, tmp_path, monkey
     """qkv_rotary takes the attention layers' rotation from rotary_embedding: with both given,
     rotary_embedding has no call site of its own. When qkv_rotary then fails its re-gate, the
     rotation is rotary_embedding's again, and it is re-gated and run."""
-    monkeypatch.setattr(verify.regate, "regate", lambda path, timeout_s=180:
+    monkeypatch.setattr(regate, "regate", lambda path, **_:
                         (False, "FAIL: planted") if Path(path).name == "qkv_rotary.py"
-                        else (True, "PASS, 1.0 us"))
+                        else (True, "PASS"))
     out = tmp_path / "v.json"
     argv = tiny_model + ["--kernels", kernel_paths("qkv_rotary", "rotary_embedding", "matmul"),
                          "--no-timing", "--out", str(out)]
@@ -570,6 +570,33 @@ def test_hf_gpt2_conv1d_addmm_swaps(tmp_path, capsys):
     assert entries["matmul"]["notes"] == []  # Conv1D's bias goes into the kernel's epilogue
 
 
+def test_a_keep_the_plan_cannot_place_is_named(tmp_path, capsys):
+    """A kept row on this branch whose tag no plan kernel has (kernel.py judged under another
+    name) is named on a line of its own; a plan kernel's keep and a row of another branch not."""
+    from autokernel.results import append_row
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    plan = {"created": "2026-01-01T00:00:00+00:00",
+            "kernels": [{"name": "softmax_1", "kernel_type": "softmax", "share": 0.5,
+                         "file": str(KDIR / "softmax.py"), "shapes": [[4, 64]]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    tsv = tmp_path / "results.tsv"
+    for n, tag, commit in ((1, "softmax_1", head), (2, "softmax", head), (3, "reduce", "0" * 40)):
+        append_row({"experiment": n, "tag": tag, "kernel_type": tag.split("_")[0],
+                    "latency_us": 9.0, "correctness": "PASS", "status": "keep",
+                    "commit": commit}, tsv)
+
+    class Args:
+        kernels, starters, plan, no_regate = None, False, str(tmp_path / "plan.json"), False
+        results = str(tsv)
+    specs, rows = verify.kernel_specs(Args)
+    assert [s[1] for s in specs] == ["softmax_1"] and len(rows) == 3
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines == [f"unplaced keep: experiment 2, tag softmax, commit {head}: no kernel of "
+                     f"plan.json is named 'softmax', so it is neither verified nor exported (its "
+                     f"code: git show {head}:kernel.py)"]
+
+
 def test_bad_input_is_one_line(tiny_model, tmp_path, capsys):
     bad_type = tmp_path / "bad.py"
     bad_type.write_text('KERNEL_TYPE = "conv"\ndef kernel_fn(x):\n    return x\n')
@@ -606,6 +633,19 @@ def test_a_wrong_model_flag_is_named_before_any_re_gate(tmp_path, monkeypatch, c
         assert len(err.splitlines()) == 1 and words in err, err
 
 
+def test_each_long_step_says_what_runs_and_what_is_left(tiny_model, tmp_path, capsys):
+    """No silent stretch: before each long step, a line with its number of all, what it runs and
+    the steps after it, in the order they run, all before the report."""
+    assert verify.main(tiny_model + ["--kernels", kernel_paths("rmsnorm"), "--no-regate",
+                                     "--no-timing", "--out", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    names = ["load the model", "find call sites", "run the original", "run with the kernels"]
+    at = [out.find(f"step {i}/4: {name}") for i, name in enumerate(names, start=1)]
+    assert -1 not in at and at == sorted(at) and at[-1] < out.find("correctness:"), out
+    second = next(line for line in out.splitlines() if "step 2/4" in line)
+    assert second.endswith("(then: run the original, run with the kernels)"), second
+
+
 def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, capsys):
     """With no model flags, verify rebuilds the model profile.py recorded in profile.json."""
     model_file = tiny_model[1]
@@ -613,7 +653,7 @@ def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, c
     profile_json.write_text(json.dumps({"entries": [], "model_args": {
         "model": model_file, "class_name": None, "config": None, "module": None,
         "hf_config": None, "input_shape": "1x8", "dtype": "fp32", "device": None}}))
-    monkeypatch.setattr(verify.autokernel, "PROFILE_JSON", profile_json)
+    monkeypatch.setattr(autokernel, "PROFILE_JSON", profile_json)
     out = tmp_path / "v.json"
     assert verify.main(["--kernels", kernel_paths("rmsnorm"), "--no-timing", "--no-regate",
                         "--out", str(out)]) == 0
@@ -621,6 +661,31 @@ def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, c
     assert "model flags from" in text and "--input-shape 1x8" in text
     report = json.loads(out.read_text())
     assert report["kernels"][0]["shapes"] == ["8x64"] and "tiny_llama.py" in report["model"]
+
+
+def test_model_flags_come_from_the_profile_the_plan_names(tiny_model, tmp_path, monkeypatch,
+                                                        capsys):
+    """The plan's kernels come from the model its own profile recorded (extract.py --profile),
+    not from whatever workspace/profile.json holds now; a plan whose profile is gone says so."""
+    def profile(name, input_shape):
+        path = tmp_path / name
+        path.write_text(json.dumps({"entries": [], "model_args": {
+            "model": tiny_model[1], "input_shape": input_shape, "dtype": "fp32"}}))
+        return path
+    monkeypatch.setattr(autokernel, "PROFILE_JSON", profile("profile.json", "2x16"))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"profile": str(profile("night_profile.json", "1x8")), "kernels": [
+        {"name": "rmsnorm", "kernel_type": "rmsnorm", "file": str(KDIR / "rmsnorm.py"),
+         "share": 0.5}]}))
+    out = tmp_path / "v.json"
+    argv = ["--plan", str(plan), "--no-timing", "--no-regate", "--out", str(out)]
+    assert verify.main(argv) == 0
+    assert "model flags from" in capsys.readouterr().out
+    assert json.loads(out.read_text())["kernels"][0]["shapes"] == ["8x64"]  # 1x8, not 2x16
+    (tmp_path / "night_profile.json").unlink()
+    assert verify.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "night_profile.json" in err and "gone" in err, err
 
 
 def test_the_morning_recheck_refuses_files_that_no_kept_row_vouches_for(tmp_path):
@@ -648,6 +713,29 @@ def test_the_morning_recheck_runs_the_gate(tmp_path):
     assert not passed and text.startswith("FAIL") and "NaN" in text
 
 
+def test_the_regates_gate_checks_correctness_only_and_records_nothing(tmp_path):
+    """bench.py --correctness-only (verify.py's re-gate): the stages' verdict and nothing else:
+    no timing, no baselines, no row, and no git action even on kernel.py, whose wrong edit a
+    judging run would revert."""
+    from autokernel.results import append_row
+    from test_bench import PLANTED, git, make_repo, run_bench
+    repo = make_repo(tmp_path / "repo")
+    append_row({"experiment": 1, "tag": "reduce", "status": "judged", "correctness": "PASS"},
+               repo / "results.tsv")
+    results, head = (repo / "results.tsv").read_bytes(), git(repo, "rev-parse", "HEAD")
+    wrong = (PLANTED / "nan_output.py").read_text()
+    (repo / "kernel.py").write_text(wrong)
+    for kernel, verdict in (("kernel.py", "FAIL"), ("kernels/softmax.py", "PASS")):
+        run = run_bench(repo, "--correctness-only", "--kernel", kernel)
+        assert run["rc"] == 0 and run["keys"]["correctness"] == verdict, run["stdout"]
+        assert run["last_line"].startswith("verdict: CHECKED"), run["last_line"]
+        assert verdict == "PASS" or "NaN" in run["keys"]["reason"], run["keys"]
+        assert not {"latency_us", "rounds_us", "eager_us", "status"} & set(run["keys"]), run["keys"]
+        assert (repo / "results.tsv").read_bytes() == results
+        assert git(repo, "rev-parse", "HEAD") == head and (repo / "kernel.py").read_text() == wrong
+        assert git(repo, "status", "--porcelain").split() == ["M", "kernel.py"]
+
+
 def test_best_variant_is_the_fastest_whose_outputs_were_compared_and_match():
     ok, bad = {"passed": True}, {"passed": False}
 
@@ -656,7 +744,7 @@ def test_best_variant_is_the_fastest_whose_outputs_were_compared_and_match():
                  compile_kernels_ms=None, compile_kernels_correctness=None,
                  compile_gainers_ms=None, compile_gainers_correctness=None)
         report = {"timing": dict(t, **timing)}
-        verify.best_variant(report)
+        verify_run.best_variant(report)
         return report["best_variant"], report["best_speedup_vs_compile"]
     assert best(gainers_ms=2.0, gainers_correctness=ok) == ("gainers", 2.0)
     assert best(gainers_ms=2.0, gainers_correctness=bad) == ("kernels", 0.8)

@@ -42,15 +42,15 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from . import ops, swap  # noqa: E402
+from . import kernel_call, ops, swap  # noqa: E402
 from .kernel_types import HERE, MANIFEST  # noqa: E402
 
 
 def _load(entry):
-    """A kernel file of the package (kernels/<name>.py), as swap.py's Kernel."""
+    """A kernel file of the package (kernels/<name>.py), as kernel_call.py's Kernel."""
     module = importlib.import_module(f"{__name__}.kernels.{Path(entry['file']).stem}")
-    return swap.Kernel(entry["name"], entry["kernel_type"], HERE / entry["file"],
-                       module.kernel_fn, [tuple(s) for s in entry["shapes"]])
+    return kernel_call.Kernel(entry["name"], entry["kernel_type"], HERE / entry["file"],
+                              module.kernel_fn, [tuple(s) for s in entry["shapes"]])
 
 
 KERNELS = [_load(entry) for entry in MANIFEST["kernels"]]

@@ -1,5 +1,5 @@
 """
-The kernel types as this package's swap.py and ops.py use them: each type's kernel_fn arguments
+The kernel types as this package's swap and ops modules use them: each type's kernel_fn arguments
 in order (manifest.json, written from AutoKernel's table of types) and its two PyTorch versions
 in reference.py: the eager one (a call's output shape and dtype, the custom ops' fake and
 backward) and the float64 oracle (smoke_test.py).
@@ -51,7 +51,7 @@ KERNEL_TYPE_NAMES = tuple(KERNEL_TYPES)
 
 
 def rel(path) -> str:
-    """A path as swap.py's messages name it: relative to this package when inside it."""
+    """A path as kernel_call.py's messages name it: relative to this package when inside it."""
     path = Path(path)
     try:
         return str(path.resolve().relative_to(HERE))

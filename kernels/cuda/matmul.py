@@ -34,7 +34,7 @@ Three kernels, picked per call (`path` overrides it, for tuning and checks):
     the blocks in flight share A and B in L2. The grid is as few blocks as take the same number
     of waves, each with as many tiles (4096^3: 128 blocks of 4 tiles, not 132 of which 16 take
     3 and idle through the last wave): H100, judge's clock, 1.011x cuBLAS against 1.003x with
-    132 blocks, faster in each of 5 rounds (BENCHMARKS.md section 31).
+    132 blocks, faster in each of 5 rounds.
   * sm_80 and newer, fp16/bf16, aligned: mma.sync.m16n8k16 on 128x128x64 tiles, 8 warps (64x32
     of C each), a 3-stage cp.async pipeline (global -> shared without registers) and ldmatrix
     fragment loads from XOR-swizzled shared memory (16-byte chunk c of row r stored at c ^ (r %

@@ -27,7 +27,7 @@ On the H100 at the compact LLaMA's shape (the gate, fp16): 108 us, 5.7x eager (6
 GEMM, then eager rotary), 1.41x torch.compile (152); the mma.sync kernel there ran 715 us (no
 pipelining: each k-step loads, syncs, multiplies; 128x128 tiles were slower, 770), the
 CUDA-core kernel 10.1 ms. GPU time (bf16): 112 us against the Triton starter's Gluon kernel's
-95 (BENCHMARKS.md section 24). Things to try: the cos/sin loads in pairs (4 bytes) where the
+95. Things to try: the cos/sin loads in pairs (4 bytes) where the
 tables' rows are contiguous, 128x128 tiles for N that leaves a 256-wide last column half empty
 (Qwen2-0.5B's 1152: 52 us against the Gluon kernel's 35), cp.async double buffering and
 ldmatrix for the mma.sync kernel.

@@ -37,6 +37,8 @@ while it reduces this one (100 -> 103-114 us: the second row's registers cost oc
 spill), and one reduction of (max, sum) pairs instead of two (125 us: the warps' pairs merge
 one after another, two exp each). Long rows held in registers over a cluster of 8 blocks
 waited on one another: 4096x50257 fp16 489 us on an H200, against 236 through shared memory.
+Rows too long for registers went through shared memory by cp.async, which takes no registers:
+4096x50257 on the H100 from 508 to 309 us.
 Things to try: TMA bulk copies instead of cp.async; rows of 8192 through shared memory with
 small blocks, more bytes in flight an SM than registers allow (PATH = 1, THREADS_PER_ROW = 128:
 81 against 93 us on an H200, no faster on an H100).

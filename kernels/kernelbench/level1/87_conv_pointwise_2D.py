@@ -9,7 +9,7 @@ parameters are made by the same nn.Conv2d as Model's (same draws, same values).
 The products are fp32-accurate (tf32x3), judged against a float64 conv. Model's own cuDNN conv
 runs in TF32 by torch's default (torch.backends.cudnn.allow_tf32), which the judge turns off for
 its references (autokernel/baselines.full_fp32) but not for eager's timing: on the H100
-(BENCHMARKS.md section 17) this runs 0.50x that TF32 eager, 1.47x torch.compile."""
+this runs 0.50x that TF32 eager, 1.47x torch.compile."""
 import torch
 import torch.nn as nn
 

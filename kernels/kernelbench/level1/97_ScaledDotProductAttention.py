@@ -3,7 +3,7 @@
 (kernels/flash_attention.py, causal=False). Larger ones (this problem's D = 1024): its query tile
 and accumulator are [BLOCK_M, D] in registers, which at D = 1024 spill, so attention is taken
 the way eager's math path takes it, out of two starters, with S = 512 keeping the scores at
-1 GB (on the H100, BENCHMARKS.md section 17: 19.7 ms against eager's 24.8, 1.26x):
+1 GB (on the H100: 19.7 ms against eager's 24.8, 1.26x):
   1. scores[bh] = Q[bh] @ K[bh]^T for every (batch, head) in one launch: the matmul starter's
      kernel body with its pick_config tiles (kernels/kernelbench/batched.py, bmm; K^T is a
      strided view);
