@@ -124,7 +124,7 @@ FORBIDDEN = {
                        "autokernel.contract.load_module"),
     "judge_package": ("import autokernel.cuda_build\nautokernel.state.recover()\n", JUDGE,
                       "autokernel.state.recover"),
-    "judge_script": ("import reference\n", JUDGE, "import reference"),
+    "judge_script": ("import bench\n", JUDGE, "import bench"),
     "json": ("import json\n", MODULE, "import json"),
     "pathlib": ("from pathlib import Path\n", MODULE, "import pathlib.Path"),
     "patch_clock": ("import time\ntime.perf_counter = lambda: 0.0\n", PATCHING,
