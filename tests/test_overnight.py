@@ -100,7 +100,7 @@ FIRST_VISIT = [
     ("slower", "PASS", "revert", "the kept version"),
     ("wrong", "FAIL", "revert", "smoke"),
     ("crash", "CRASH", "revert", "SIGABRT"),
-    ("torch", "FAIL", "revert", "import reference: the judge's own code"),  # source check
+    ("torch", "FAIL", "revert", "import autokernel.reference: the judge's own code"),  # source check
     ("forge", "FAIL", "revert", "open('results.tsv', 'a'): writing files"),
 ]
 SECOND_VISIT = [

@@ -95,13 +95,14 @@ def test_every_command_in_program_md_runs(tmp_path):
     assert out["status"] in ("keep", "revert") and git(repo, "status", "--porcelain") == ""
 
     # §2, a harness file that differs from HEAD: refused, shown, restored
-    reference = (repo / "reference.py").read_text()
-    (repo / "reference.py").write_text(reference + "# changed\n")
+    reference = (repo / "autokernel" / "reference.py").read_text()
+    (repo / "autokernel" / "reference.py").write_text(reference + "# changed\n")
     said = run.exit_code('uv run bench.py -m "refused"', 2)
-    assert "bench.py: error:" in said and "reference.py" in said
-    assert "reference.py" in run.exit_code("git diff --stat HEAD", 0)
-    run.exit_code("git checkout HEAD -- <that file>", 0, "git checkout HEAD -- reference.py")
-    assert (repo / "reference.py").read_text() == reference
+    assert "bench.py: error:" in said and "autokernel/reference.py" in said
+    assert "autokernel/reference.py" in run.exit_code("git diff --stat HEAD", 0)
+    run.exit_code("git checkout HEAD -- <that file>", 0,
+                  "git checkout HEAD -- autokernel/reference.py")
+    assert (repo / "autokernel" / "reference.py").read_text() == reference
 
     # §4, the rewrite: on a CPU refused in one line, nothing changed
     head = git(repo, "rev-parse", "HEAD")
