@@ -37,6 +37,7 @@ OUTSIDE = ["kills_the_judge", "forges_crash_record", "writes_outside_the_repo", 
            "slows_kept_version"]
 MODES = {"product": [p.stem for p in ATTACKS + TORCH_MATH], "sandbox": OUTSIDE,
          "record": ["kills_the_judge", "forges_crash_record"]}
+KEYS = ["mode", "attack", "checks", "verdict", "sandbox"]
 GIT_ENV = {"GIT_AUTHOR_NAME": "attacks", "GIT_AUTHOR_EMAIL": "attacks@localhost",
            "GIT_COMMITTER_NAME": "attacks", "GIT_COMMITTER_EMAIL": "attacks@localhost"}
 
@@ -151,6 +152,8 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown mode {unknown[0]}: use {', '.join(MODES)} or all")
     args.outdir.mkdir(parents=True, exist_ok=True)
+    tsv = args.outdir / "attacks.tsv"  # written as the runs go: a run cut short keeps its rows
+    tsv.write_text("\t".join(KEYS) + "\n")
     results = []
     with tempfile.TemporaryDirectory(prefix="autokernel_attacks_") as scratch:
         scratch = Path(scratch)
@@ -168,12 +171,10 @@ def main(argv=None):
             for i, name in enumerate(MODES[mode], start=1):
                 row = judge_attack(repo, mode, files[name], env, (home, site), args.outdir)
                 results.append(row)
+                with open(tsv, "a") as f:
+                    f.write("\t".join(row[k].replace("\t", " ") for k in KEYS) + "\n")
                 print(f"[{mode} {i}/{len(MODES[mode])}] {name}: {row['checks']} | "
                       f"{row['verdict'][:150]}", flush=True)
-    keys = ["mode", "attack", "checks", "verdict", "sandbox"]
-    lines = ["\t".join(keys)] + ["\t".join(r[k].replace("\t", " ") for k in keys)
-                                 for r in results]
-    (args.outdir / "attacks.tsv").write_text("\n".join(lines) + "\n")
     print("\n| mode | attack | checks | verdict |\n|---|---|---|---|")
     for r in results:
         print(f"| {r['mode']} | {r['attack']} | {r['checks']} | {r['verdict'][:110]} |")
