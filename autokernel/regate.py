@@ -20,7 +20,7 @@ from autokernel.results import rel
 from autokernel.state import digest
 
 
-HEARTBEAT_S = 30  # the longest the re-gate stays silent while a stage runs
+HEARTBEAT_S = 30  # the longest a re-gate, or a long step of verify.py, stays silent
 
 
 def regate(path, timeout_s=180, log=None):

@@ -49,7 +49,11 @@ workspace/verify.json (verify.py --out to change):
    "regate": {file: {"passed", "gate": the gate's line, "version": which kept row of
               results.tsv, "version_ok"}} | null (--no-regate)}
 """
+import contextlib
+import threading
 import time
+
+from autokernel.regate import HEARTBEAT_S
 
 
 class Steps:
@@ -67,6 +71,27 @@ class Steps:
               + (f"step {i}/{len(self.names)}: " if i else "") + name
               + (f": {what}" if what else "") + (f" (then: {', '.join(left)})" if left else ""),
               flush=True)
+
+    @contextlib.contextmanager
+    def heartbeat(self, what, progress=lambda: "", every_s=HEARTBEAT_S):
+        """A line every `every_s` seconds while the block runs (a forward through Triton's
+        interpreter takes minutes), so that no stretch of the run is silent. progress: a few
+        words on how far it got, read from the running step (the kernel calls so far)."""
+        done, began = threading.Event(), time.monotonic()
+
+        def beat():
+            while not done.wait(every_s):
+                more = progress()
+                print(f"[{time.monotonic() - self.started:.0f} s] ... still {what}: "
+                      f"{time.monotonic() - began:.0f} s" + (f", {more}" if more else ""),
+                      flush=True)
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
 
 def blank_entry(name, kernel_type, file):

@@ -98,8 +98,9 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
     weights = WeightCache()
     steps.start("run the original", "one forward, the reference outputs")
     try:
-        run_ref = checked_forward(model, inputs)
-        sync()
+        with steps.heartbeat("running the original"):
+            run_ref = checked_forward(model, inputs)
+            sync()
     except torch.cuda.OutOfMemoryError:
         raise ModelError("CUDA out of memory running the original model: use a smaller "
                          "--input-shape or --config") from None
@@ -110,7 +111,9 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
     steps.start("run with the kernels", f"one forward with {len(kernels)} kernel file(s) in, "
                 + ("each compiled at its first call" if autokernel.CUDA else
                    "in the Triton interpreter: minutes at a real model's shapes"))
-    run, error = run_swapped(model, inputs, swap)
+    with steps.heartbeat("running the forward with the kernels",
+                         lambda: f"{sum(swap.calls.values())} kernel calls so far"):
+        run, error = run_swapped(model, inputs, swap)
     entries = [kernel_entry(k, swap, error) for k in kernels]
     for k, e in zip(kernels, entries):
         if k.optional and e["status"] == "never ran":

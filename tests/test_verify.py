@@ -646,6 +646,27 @@ def test_each_long_step_says_what_runs_and_what_is_left(tiny_model, tmp_path, ca
     assert second.endswith("(then: run the original, run with the kernels)"), second
 
 
+def test_a_long_step_is_never_silent(capsys):
+    """While a step runs longer than the heartbeat, a line says it is still running and how far
+    it got; none once the step is over."""
+    import threading
+
+    from autokernel.verify_report import Steps
+    steps, calls, beats = Steps(["run with the kernels"]), [3], threading.Event()
+
+    def progress():
+        beats.set()
+        return f"{calls[0]} kernel calls so far"
+    with steps.heartbeat("running the forward with the kernels", progress, every_s=0.01):
+        assert beats.wait(60), "no heartbeat while the step ran"
+        beats.clear()
+        assert beats.wait(60)
+    after = capsys.readouterr().out.splitlines()
+    assert after and all("... still running the forward with the kernels: " in line
+                         and line.endswith(", 3 kernel calls so far") for line in after), after
+    assert capsys.readouterr().out == ""  # the heartbeat stopped with the step
+
+
 def test_model_flags_come_from_profile_json(tiny_model, tmp_path, monkeypatch, capsys):
     """With no model flags, verify rebuilds the model profile.py recorded in profile.json."""
     model_file = tiny_model[1]
