@@ -21,12 +21,16 @@ prints the table last. Exit 1 when any check fails.
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from autokernel.results import read_rows  # noqa: E402  (results.tsv's one reader)
+
 ATTACKS = sorted((ROOT / "tests" / "attacks").glob("*.py"))
 TORCH_MATH = [ROOT / "tests" / "planted" / f"{n}.py"
               for n in ("guard_off", "torch_softmax", "torch_matmul")]
@@ -88,8 +92,7 @@ def processes_in(root):
 
 
 def night_state(repo, outside):
-    rows = (repo / "results.tsv").read_text().splitlines()[1:] if \
-        (repo / "results.tsv").exists() else []
+    rows = read_rows(repo / "results.tsv")
     return {"head": git(repo, "rev-parse", "HEAD"), "branch": git(repo, "branch", "--show-current"),
             "dirty": git(repo, "status", "--porcelain", "--untracked-files=no"),
             "rows": rows, "outside": sorted(str(p) for d in outside for p in d.rglob("*"))}
@@ -115,8 +118,8 @@ def judge_attack(repo, mode, path, env, outside, outdir):
         problems.append("earlier rows changed")
     if len(added) != new_rows:
         problems.append(f"{len(added)} rows added, {new_rows} expected")
-    if any("\tkeep\t" in row for row in added) and (mode != "record" or
-                                                    "\tkeep\t" in added[0]):
+    attack_rows = added[:1] if mode == "record" else added  # "record": then an honest run
+    if any(row["status"] == "keep" for row in attack_rows):
         problems.append("an attack row kept")
     if after["head"] != before["head"] and mode != "record":
         problems.append("HEAD moved")
@@ -130,7 +133,7 @@ def judge_attack(repo, mode, path, env, outside, outdir):
     if alive:
         problems.append(f"{len(alive)} processes left")
         for pid in alive:
-            subprocess.run(["kill", "-9", pid], capture_output=True)
+            os.kill(int(pid), signal.SIGKILL)
     return {"mode": mode, "attack": path.stem, "verdict": run["verdict"], "sandbox": run["sandbox"],
             "checks": "; ".join(problems) or "ok"}
 
