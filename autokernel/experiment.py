@@ -41,16 +41,20 @@ def run(args):
                       crash_row=None if args.correctness_only  # a re-gate records nothing
                       else killed_row(args, facts, attrs, rows))
         state.become_subreaper()
+        helpers = set(state.descendants())  # the judge's own (none, from a shell)
         try:
             outcome = run_children(args, facts, attrs, syntax_error, rows, snapshot)
         finally:
             for runner in ChildRunner.started:
                 runner.stop()
-            state.kill_descendants()
+            strays = state.end_strays(helpers | {state.resource_tracker_pid()})
             changed = snapshot.restore()
             state.SNAPSHOT_PATH.unlink(missing_ok=True)
         if changed:
             outcome.update(correctness="FAIL", reason=tampered(changed))
+        elif strays:  # the kernel's work is the call it is judged on, nothing that outlives it
+            outcome.update(correctness="FAIL", reason=f"the kernel left {len(strays)} process(es) "
+                           f"running after its child was stopped ({strays[0]}); killed")
         outcome["sandbox"] = sandbox.describe(confinement)
         if confinement["abi"] is None:  # the row says its kernel could write anything
             outcome["reason"] = "; ".join(filter(None, [outcome.get("reason"),

@@ -181,7 +181,7 @@ def run_solution(solution, plan, timeout, call_timeout):
     # The judge's own helpers outlive each solution: inductor's compile workers (started by the
     # torch.compile baseline; killing them hangs the next problem's compile) and
     # multiprocessing's resource tracker (started with the first child; it tracks shared memory).
-    helpers = set(state.children())
+    helpers = set(state.descendants())
     with tempfile.TemporaryDirectory(prefix="autokernel_kbscore_") as scratch:
         snapshot = state.Snapshot.take(Path(scratch) / "results.tsv")
     snapshot.save(candidate=solution)
@@ -193,11 +193,15 @@ def run_solution(solution, plan, timeout, call_timeout):
         for child in ChildRunner.started:
             child.stop()
         ChildRunner.started.clear()  # the next solution's log starts empty
-        state.kill_descendants(spare=helpers | {resource_tracker_pid()})
+        strays = state.end_strays(helpers | {state.resource_tracker_pid()})
         changed = snapshot.restore()
         state.SNAPSHOT_PATH.unlink(missing_ok=True)
     if changed:
         outcome.update(correctness="FAIL", reason=tampered(changed), unjudged=False)
+    elif strays:
+        outcome.update(correctness="FAIL", unjudged=False, reason=f"the solution left "
+                       f"{len(strays)} process(es) running after its child was stopped "
+                       f"({strays[0]}); killed")
     return outcome
 
 
@@ -221,12 +225,6 @@ def in_child(solution, plan, timeout, call_timeout, snapshot):
             outcome.update(measure(runner, None, plan))
     return outcome
 
-
-def resource_tracker_pid():
-    """multiprocessing's resource tracker: started with the first child, it serves every later
-    one."""
-    from multiprocessing import resource_tracker
-    return getattr(resource_tracker._resource_tracker, "_pid", None)
 
 
 def verdict(outcome):

@@ -173,6 +173,35 @@ def kill_descendants(timeout_s=5.0, spare=()):
     return killed
 
 
+def end_strays(helpers=()):
+    """Kill every process below this one but the judge's own `helpers` (descendants() taken
+    before the children started), and say what the others were:
+    [command line] of those that were left (a process a kernel started that outlived its child's
+    process group: in a session of its own, say). Call it once the children are stopped."""
+    strays = [p for p in descendants() if p not in helpers]
+    found = [command_line(p) for p in strays]
+    kill_descendants(spare=helpers)
+    return [c for c in found if c is not None]
+
+
+def command_line(pid):
+    """A process's command line, one line of at most 80 characters; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return None
+    text = " ".join(w.decode(errors="replace") for w in words if w) or f"pid {pid}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def resource_tracker_pid():
+    """multiprocessing's resource tracker, a helper of the judge's: started with the first child,
+    it serves every later one."""
+    from multiprocessing import resource_tracker
+    return getattr(resource_tracker._resource_tracker, "_pid", None)
+
+
 # ---- files ----------------------------------------------------------------------------------
 
 def _read(path):

@@ -686,6 +686,10 @@ def test_no_process_outlives_the_verdict(runs):
     r = runs["orphan"]
     assert r["run"]["rc"] == 0, r["run"]["stderr"][-2000:]
     assert not r["alive"], f"pid {r['pid']} (started in its own session) still runs"
+    # and a kernel whose process outlives its child is no kernel to keep, correct or not
+    keys = r["run"]["keys"]
+    assert keys["correctness"] == "FAIL", r["run"]["stdout"]
+    assert "left 1 process(es) running" in keys["reason"] and "sleep 600" in keys["reason"]
 
 
 def test_one_bench_at_a_time_and_a_killed_one_takes_its_child_along(runs):
