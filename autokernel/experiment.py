@@ -5,6 +5,7 @@ results.tsv, and the summary printed as `key: value` lines, the verdict last. be
 docstring says what a run does and what its exit codes mean.
 """
 import datetime
+import os
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import autokernel as ak
 from autokernel import contract, gate, kinds, results, sandbox, source_check, state, workspace
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
-from autokernel.judge import (CHILD_LOG, COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
+from autokernel.judge import (COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
                               ChildRunner, measure, tampered)
 
 KEPT_NAME = ak.WORKSPACE / "kept_version.py"  # names the kept version's source (not a file)
@@ -25,8 +26,14 @@ KEPT_NAME = ak.WORKSPACE / "kept_version.py"  # names the kept version's source 
 def run(args):
     started = time.monotonic()
     refuse_cuda_without_gpu(args)
-    with state.exclusive():
-        for line in state.recover() or []:
+    # A re-gate records nothing, so re-gates may run side by side (verify.py runs them so):
+    # each has its own child log and no crash record, and leaves any record of a killed run
+    # that records to the next bench.py that does.
+    shared = args.correctness_only
+    if shared:
+        ChildRunner.log = ak.WORKSPACE / f"bench_child_{os.getpid()}.log"
+    with state.exclusive(shared=shared):
+        for line in [] if shared else state.recover() or []:
             print(f"note: {line}")
         facts = preflight(args)
         print(f"kernel: {facts['kernel_rel']}")
@@ -37,9 +44,9 @@ def run(args):
         attrs.update(facts["night"])
         rows = results.read_rows(facts["results_tsv"])
         snapshot = state.Snapshot.take(facts["results_tsv"])
-        snapshot.save(results_path=facts["results_tsv"], candidate=facts["kernel"],
-                      crash_row=None if args.correctness_only  # a re-gate records nothing
-                      else killed_row(args, facts, attrs, rows))
+        if not shared:
+            snapshot.save(results_path=facts["results_tsv"], candidate=facts["kernel"],
+                          crash_row=killed_row(args, facts, attrs, rows))
         state.become_subreaper()
         helpers = set(state.descendants())  # the judge's own (none, from a shell)
         try:
@@ -49,7 +56,8 @@ def run(args):
                 runner.stop()
             strays = state.end_strays(helpers | {state.resource_tracker_pid()})
             changed = snapshot.restore()
-            state.SNAPSHOT_PATH.unlink(missing_ok=True)
+            if not shared:
+                state.SNAPSHOT_PATH.unlink(missing_ok=True)
         if changed:
             outcome.update(correctness="FAIL", reason=tampered(changed))
         elif strays:  # the kernel's work is the call it is judged on, nothing that outlives it
@@ -62,6 +70,8 @@ def run(args):
         add_baselines(outcome)
         row = decide(args, facts, outcome, rows)
         print_summary(row, outcome, facts, args, time.monotonic() - started)
+    if shared and row["correctness"] == "PASS":
+        ChildRunner.log.unlink(missing_ok=True)
     return 1 if row["reason"].startswith(("git ", "results.tsv")) else 0
 
 
@@ -178,7 +188,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
                 kept, unpaired = None, f"it does not import: {kept_hello.get('error')}"
             outcome.update(measure(candidate, kept, plan, best, unpaired))
     except ChildGone as e:
-        outcome.update(correctness=e.correctness, reason=e.reason(CHILD_LOG))
+        outcome.update(correctness=e.correctness, reason=e.reason(ChildRunner.log))
     return outcome
 
 
@@ -322,13 +332,14 @@ def print_summary(row, outcome, facts, args, elapsed):
     print(f"correctness: {row['correctness']}")
     if row["reason"]:
         print(f"reason: {row['reason']}")
-    if row["correctness"] in ("CRASH", "TIMEOUT") and CHILD_LOG.exists():
-        lines = [ln for ln in CHILD_LOG.read_text(errors="replace").splitlines() if ln.strip()]
+    log = ChildRunner.log
+    if row["correctness"] in ("CRASH", "TIMEOUT") and log.exists():
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         # faulthandler's report starts with the innermost frames: show those, else the tail.
         fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
         excerpt = lines[fatal[-1]:fatal[-1] + 8] if fatal else lines[-8:]
         print("child_stderr: |\n" + "\n".join("  " + line for line in excerpt))
-        print(f"child_log: {results.rel(CHILD_LOG)}")
+        print(f"child_log: {results.rel(log)}")
     print(f"sandbox: {outcome['sandbox']}")
     if args.correctness_only:
         print(f"wall_s: {elapsed:.1f}")

@@ -58,19 +58,20 @@ class ChildRunner:
     """A kernel file in its own process, driven over a pipe; the same calls as child.Runner.
     Replies are JSON (bytes), never unpickled: the child cannot run code in this process."""
     started = []
+    log = CHILD_LOG  # a run beside others (a re-gate) gets one of its own
 
     def __init__(self, kernel_path, deadline, total_limit, source=None):
         self.kernel_path, self.deadline, self.total_limit = str(kernel_path), deadline, total_limit
         self.stage, self.proc, self.conn = "loading the kernel", None, None
         ctx = torch.multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        CHILD_LOG.parent.mkdir(parents=True, exist_ok=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         if not ChildRunner.started:
-            CHILD_LOG.write_text("")
+            self.log.write_text("")
         self.sandbox = sandbox.prepare(source.encode() if source is not None
                                        else Path(kernel_path).read_bytes())
         self.proc = ctx.Process(target=child.serve, daemon=False,
-                                args=(child_conn, self.kernel_path, str(CHILD_LOG), source,
+                                args=(child_conn, self.kernel_path, str(self.log), source,
                                       self.sandbox))
         with sandbox.spawned_with(self.sandbox):
             self.proc.start()

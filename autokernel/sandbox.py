@@ -155,8 +155,12 @@ def prune(keep=KEEP_SCRATCH):
     """Delete all but the `keep` most recently used scratch directories."""
     if not SCRATCH_ROOT.is_dir():
         return
-    dirs = sorted((p for p in SCRATCH_ROOT.iterdir() if p.is_dir()),
-                  key=lambda p: p.stat().st_mtime, reverse=True)
+    def used(path):  # a re-gate beside this run may prune the same directory first
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+    dirs = sorted((p for p in SCRATCH_ROOT.iterdir() if p.is_dir()), key=used, reverse=True)
     for old in dirs[keep:]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -4,7 +4,8 @@ The night's state, guarded against the kernel's process.
 The kernel's child process runs as the same user as bench.py, so it can write any file, run git
 and start processes. bench.py therefore:
   * runs alone: `exclusive()` holds an flock on workspace/bench.lock (the OS drops it when the
-    holder dies, so a killed run's lock is simply taken over);
+    holder dies, so a killed run's lock is simply taken over); runs that record nothing
+    (--correctness-only) share it with each other, never with a run that records;
   * snapshots before the child starts (`Snapshot.take`) and restores after it (`restore`), byte
     for byte: results.tsv, every tracked file, git's own files (HEAD, refs, index, config, hooks,
     reflogs: all of .git but its objects), the workspace's kernel files and JSON, and it deletes
@@ -45,17 +46,22 @@ SKIP_DIRS = {".git", ".venv", "node_modules", ".triton"}
 
 
 @contextlib.contextmanager
-def exclusive(lock_path=LOCK_PATH):
-    """One bench.py per repo at a time. A second one gets a one-line UsageError."""
+def exclusive(lock_path=LOCK_PATH, shared=False):
+    """One bench.py per repo at a time; a second one gets a one-line UsageError. shared: a run
+    that records nothing (--correctness-only, verify.py's re-gates): any number of them at once,
+    none while a bench.py that records holds the lock."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = f.read().strip() or "re-gates: bench.py --correctness-only"
             raise UsageError(f"another bench.py is judging in this repo ({holder}); wait for it "
                              f"to finish (one gate at a time keeps timings and git honest)")
+        if shared:  # the holder line is the exclusive run's
+            yield
+            return
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")

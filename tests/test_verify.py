@@ -728,10 +728,29 @@ def test_the_morning_recheck_refuses_files_that_no_kept_row_vouches_for(tmp_path
     assert ok is False and "matches no kept row" in text
 
 
-def test_the_morning_recheck_runs_the_gate(tmp_path):
-    from autokernel import regate
-    passed, text = regate.regate(ROOT / "tests" / "planted" / "nan_output.py")
+def test_the_morning_rechecks_run_the_gate_side_by_side(tmp_path):
+    """Re-gates record nothing, so they share bench.py's lock (here one is held all along) and
+    leave a killed recording run's crash record to the next bench.py that records; a bench.py
+    that records keeps them waiting."""
+    from autokernel import regate, state
+    wrong, good = ROOT / "tests" / "planted" / "nan_output.py", ROOT / "kernels" / "softmax.py"
+    record = state.SNAPSHOT_PATH
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("the record of a killed bench.py")
+    lines = []
+    try:
+        with state.exclusive(shared=True):
+            verdicts = regate.run_gates([wrong, good], at_once=2, log=lines.append)
+        assert record.read_text() == "the record of a killed bench.py"
+        with state.exclusive():
+            refused = regate.regate(good)
+    finally:
+        record.unlink(missing_ok=True)
+    passed, text = verdicts[str(wrong)]
     assert not passed and text.startswith("FAIL") and "NaN" in text
+    assert verdicts[str(good)] == (True, "PASS (the correctness stages; not timed)")
+    assert any(line.startswith("softmax.py: stage_5_edge: PASS") for line in lines), lines
+    assert not refused[0] and "another bench.py is judging" in refused[1], refused
 
 
 def test_the_regates_gate_checks_correctness_only_and_records_nothing(tmp_path):
