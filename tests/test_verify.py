@@ -434,8 +434,8 @@ def test_starters_without_a_call_site_are_neither_regated_nor_imported(tiny_mode
                                              f'raise RuntimeError("imported")\n')
     monkeypatch.setattr(autokernel, "starters_dir", lambda backend: starters)
     regated = []
-    monkeypatch.setattr(regate, "regate",
-                        lambda path, **_: (regated.append(Path(path).name) or True, "PASS"))
+    monkeypatch.setattr(regate, "run_gates", lambda paths, **_: {
+        str(p): (regated.append(Path(p).name) or True, "PASS") for p in paths})
     out = tmp_path / "verify.json"
     assert verify.main(tiny_model + ["--starters", "--no-timing", "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -452,9 +452,9 @@ def test_a_refused_kernel_gives_its_call_sites_back(tiny_model, tmp_path, monkey
     """qkv_rotary takes the attention layers' rotation from rotary_embedding: with both given,
     rotary_embedding has no call site of its own. When qkv_rotary then fails its re-gate, the
     rotation is rotary_embedding's again, and it is re-gated and run."""
-    monkeypatch.setattr(regate, "regate", lambda path, **_:
-                        (False, "FAIL: planted") if Path(path).name == "qkv_rotary.py"
-                        else (True, "PASS"))
+    monkeypatch.setattr(regate, "run_gates", lambda paths, **_: {
+        str(p): (False, "FAIL: planted") if Path(p).name == "qkv_rotary.py" else (True, "PASS")
+        for p in paths})
     out = tmp_path / "v.json"
     argv = tiny_model + ["--kernels", kernel_paths("qkv_rotary", "rotary_embedding", "matmul"),
                          "--no-timing", "--out", str(out)]
@@ -526,7 +526,7 @@ def test_cli_subprocess_timing_compile_and_json(tiny_model, tmp_path):
     report = json.loads(out.read_text())
     assert report["passed"] and report["timing"]["compile_ms"] > 0
     # each kernel file went through the gate before it was plugged in
-    assert "re-gating 2/2" in proc.stdout
+    assert "re-gating 2 kernel file(s)" in proc.stdout and "[2 of 2 done" in proc.stdout
     assert all(c["passed"] and c["gate"].startswith("PASS") for c in report["regate"].values())
     assert report["speedup_vs_compile"] > 0 and "NOT meaningful" in proc.stdout
     assert {e["name"]: e["calls"] > 0 for e in report["kernels"]} == {"rmsnorm": True,
