@@ -83,7 +83,8 @@ from autokernel.graph_capture import recognized_forward
 from autokernel.recognize import GROUP_BOUND, OTHER, SCOPE_PREFIX, classify_event
 from autokernel.swap import pluggable_types
 from autokernel.workspace import write_json
-from models.load import ModelError, add_model_args, device_and_dtype, load_model, model_args
+from models.load import (ModelError, add_model_args, device_and_dtype,
+                         load_model_in_a_dtype_it_runs, model_args)
 
 LAUNCH_BOUND_PCT = 60.0    # below: launch-bound, fix that before kernels
 PARTLY_IDLE_PCT = 85.0     # below: worth saying how much of the wall time kernels can't touch
@@ -116,7 +117,8 @@ def _profile(argv):
             os.makedirs(os.path.dirname(os.path.abspath(args.export_trace)), exist_ok=True)
         except OSError as e:
             raise UsageError(f"--export-trace {args.export_trace}: {describe(e)}") from None
-    model, inputs, description = load_model(args)
+    model, inputs, description = load_model_in_a_dtype_it_runs(
+        args, run_forward, log=lambda line: print(f"profile: {line}", file=sys.stderr))
     default_device, dtype = device_and_dtype(args)
     device = next((t.device for t in inputs if torch.is_tensor(t)), default_device)
     on_gpu = device.type == "cuda"

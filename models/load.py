@@ -19,7 +19,7 @@ from pathlib import Path
 
 import autokernel.kernel_types  # noqa: F401  (first: CPU mode is set before triton is imported)
 from autokernel import ROOT
-from autokernel.cli import UsageError, describe
+from autokernel.cli import UsageError, describe, one_line
 from autokernel.contract import load_module
 
 import torch
@@ -121,6 +121,32 @@ def load_model(args):
     if args.hf_config:
         raise UsageError("--hf-config needs --module transformers")
     return _load_file_model(args, device, dtype)
+
+
+# Words of the errors a forward raises when a tensor it keeps (a hidden state made in __init__,
+# a buffer held as a plain attribute) stays in another dtype than the one the model was cast to.
+DTYPE_ERRORS = ("dtype", "same type", "scalar type", "Half", "BFloat16")
+
+
+def load_model_in_a_dtype_it_runs(args, forward, log=print):
+    """load_model, and where --dtype was not given and the default (fp16 on a GPU) fails in the
+    forward for a dtype reason (KernelBench's LSTMs keep an fp32 hidden state), the model loaded
+    again in fp32, with a one-line note; args.dtype then says fp32, so the flags recorded for
+    extract.py and verify.py load the model that ran. forward(model, inputs): one forward."""
+    loaded, dtype = load_model(args), device_and_dtype(args)[1]
+    if args.dtype is not None or dtype == torch.float32:
+        return loaded
+    try:
+        with torch.inference_mode():
+            forward(*loaded[:2])
+        return loaded
+    except Exception as e:  # noqa: BLE001  (any other failure is the caller's to report)
+        if not any(word in str(e) for word in DTYPE_ERRORS):
+            return loaded
+        log(f"note: {loaded[2]} does not run in {autokernel.DTYPE_NAMES[dtype]} "
+            f"({one_line(describe(e))}): loaded in fp32, the dtype it runs in (--dtype chooses)")
+    args.dtype = "fp32"
+    return load_model(args)
 
 
 def parse_input_shape(text):

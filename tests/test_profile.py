@@ -201,6 +201,52 @@ def test_kernelbench_file(tmp_path, capsys):
     assert result["named_pct"] >= 95.0
 
 
+LSTM_FP32_STATE = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    """As KernelBench level 3's LSTMs did: the initial state made in forward, in the default
+    dtype (fp32), whatever the model's."""
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, batch_first=True)
+
+    def forward(self, x):
+        h0 = torch.zeros(1, x.shape[0], 16, device=x.device)
+        return self.lstm(x, (h0, h0))[0]
+
+def get_inputs():
+    return [torch.randn(2, 5, 8)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_model_that_fails_in_the_default_dtype_is_profiled_in_the_one_it_runs_in(
+        tmp_path, capsys, monkeypatch):
+    """The default is fp16 on a GPU; here (a CPU) the same default is planted."""
+    from models import load
+    real = load.device_and_dtype
+    monkeypatch.setattr(load, "device_and_dtype", lambda args: (real(args)[0], {
+        None: torch.float16}.get(args.dtype) or autokernel.parse_dtype(args.dtype)))
+    path, out = tmp_path / "lstm.py", tmp_path / "profile.json"
+    path.write_text(LSTM_FP32_STATE)
+    assert profile_script.main(["--model", str(path), "--output", str(out), "--iters", "1",
+                                "--warmup", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "profile: note: " in err and "does not run in fp16" in err and "dtype" \
+        in err.split("fp16", 1)[1] and "loaded in fp32, the dtype it runs in" in err, err
+    result = json.loads(out.read_text())
+    assert result["dtype"] == "fp32" and result["model_args"]["dtype"] == "fp32"
+    monkeypatch.setattr(load, "device_and_dtype", real)  # asked for: fp16 or nothing
+    capsys.readouterr()
+    assert profile_script.main(["--model", str(path), "--output", str(out), "--dtype", "fp16"]) \
+        != 0
+    assert "the model's forward raised" in capsys.readouterr().err
+
+
 def test_transformers_config_model(tmp_path, capsys):
     pytest.importorskip("transformers")
     out = tmp_path / "profile.json"
