@@ -271,10 +271,11 @@ def measure(model, inputs, used, weights, weight_layout, warmup, repeat, backend
     else:
         try:
             compiled = torch.compile(model, backend=backend)
-            forward(compiled, inputs)  # compile outside the timed runs
+            y = forward(compiled, inputs)  # compile outside the timed runs
             if run_ref is not None:  # the baseline is only a baseline if its outputs are right
-                timing["compile_correctness"] = compare_runs(checked_forward(compiled, inputs),
-                                                             run_ref)
+                run = checked_forward(compiled, inputs) if y.dim() == 0 else (y, None)
+                timing["compile_correctness"] = compare_runs(run, run_ref)
+            y = run = None
             timing["compile_ms"] = progress("torch.compile of the original model", time_forward(
                 compiled, inputs, warmup, repeat, graphs))
             timing["compile_note"] = f"torch.compile(backend={backend!r})"
@@ -338,12 +339,14 @@ def compile_with_kernels(model, inputs, kernels, weights, weight_layout, backend
             if breaks:
                 out["graph_breaks"] = graph_breaks(model, inputs)
             compiled = torch.compile(model, backend=backend)
-            # Compile outside the timed runs: the plain forward that is timed, and the one under
-            # checked_forward's loss-input recorder (a mode: dynamo traces that one apart).
-            forward(compiled, inputs)
-            checked_forward(compiled, inputs)
+            # Compile outside the timed runs: the plain forward that is timed and, for a model
+            # that returns a loss, the one under checked_forward's loss-input recorder (a mode:
+            # dynamo traces that one apart, so a model returning logits skips it: one compile).
+            loss = forward(compiled, inputs).dim() == 0
+            if loss:
+                checked_forward(compiled, inputs)
             swap.reset()
-            run = checked_forward(compiled, inputs)
+            run = checked_forward(compiled, inputs) if loss else (forward(compiled, inputs), None)
             out["calls"] = dict(swap.calls)
             out["folded"] = {k: n for k, n in swap.folded.items() if n}
             out["normed"] = {k: n for k, n in swap.normed.items() if n}
