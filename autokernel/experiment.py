@@ -28,7 +28,9 @@ def run(args):
     refuse_cuda_without_gpu(args)
     # A re-gate records nothing, so re-gates may run side by side (verify.py runs them so):
     # each has its own child log and no crash record, and leaves any record of a killed run
-    # that records to the next bench.py that does.
+    # that records to the next bench.py that does. Under the sandbox it puts nothing back
+    # either (state.Untouched): the kernel cannot write the repo, and the user may commit
+    # while verify.py re-gates.
     shared = args.correctness_only
     if shared:
         ChildRunner.log = ak.WORKSPACE / f"bench_child_{os.getpid()}.log"
@@ -43,7 +45,8 @@ def run(args):
         attrs, syntax_error = contract.read_file_attrs(facts["kernel"])
         attrs.update(facts["night"])
         rows = results.read_rows(facts["results_tsv"])
-        snapshot = state.Snapshot.take(facts["results_tsv"])
+        snapshot = state.Untouched() if shared and confinement["abi"] is not None \
+            else state.Snapshot.take(facts["results_tsv"])
         if not shared:
             snapshot.save(results_path=facts["results_tsv"], candidate=facts["kernel"],
                           crash_row=killed_row(args, facts, attrs, rows))

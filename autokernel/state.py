@@ -334,6 +334,15 @@ class Snapshot:
         return sorted({_rel(p, self.root) for p in changed})
 
 
+class Untouched:
+    """In place of a Snapshot where the kernel's process cannot write the repo (a re-gate under
+    the sandbox): whatever changes during the run is someone else's, a user committing while
+    verify.py re-gates, and putting the repo back would undo their work."""
+
+    def restore(self, but=None):
+        return []
+
+
 def _rel(path, root):
     try:
         return str(Path(path).relative_to(root))

@@ -758,7 +758,7 @@ def test_the_regates_gate_checks_correctness_only_and_records_nothing(tmp_path):
     no timing, no baselines, no row, and no git action even on kernel.py, whose wrong edit a
     judging run would revert."""
     from autokernel.results import append_row
-    from test_bench import PLANTED, git, make_repo, run_bench
+    from test_bench import GIT_ENV, PLANTED, git, make_repo, run_bench
     repo = make_repo(tmp_path / "repo")
     append_row({"experiment": 1, "tag": "reduce", "status": "judged", "correctness": "PASS"},
                repo / "results.tsv")
@@ -766,7 +766,8 @@ def test_the_regates_gate_checks_correctness_only_and_records_nothing(tmp_path):
     wrong = (PLANTED / "nan_output.py").read_text()
     (repo / "kernel.py").write_text(wrong)
     for kernel, verdict in (("kernel.py", "FAIL"), ("kernels/softmax.py", "PASS")):
-        run = run_bench(repo, "--correctness-only", "--kernel", kernel)
+        run = run_bench(repo, "--correctness-only", "--kernel", kernel, env=dict(
+            GIT_ENV, AUTOKERNEL_SANDBOX="off"))  # unconfined: the judge puts the repo back
         assert run["rc"] == 0 and run["keys"]["correctness"] == verdict, run["stdout"]
         assert run["last_line"].startswith("verdict: CHECKED"), run["last_line"]
         assert verdict == "PASS" or "NaN" in run["keys"]["reason"], run["keys"]
@@ -774,6 +775,17 @@ def test_the_regates_gate_checks_correctness_only_and_records_nothing(tmp_path):
         assert (repo / "results.tsv").read_bytes() == results
         assert git(repo, "rev-parse", "HEAD") == head and (repo / "kernel.py").read_text() == wrong
         assert git(repo, "status", "--porcelain").split() == ["M", "kernel.py"]
+    # Under the sandbox a re-gate puts nothing back: a commit made while it runs stays.
+    proc = subprocess.Popen([sys.executable, "bench.py", "--correctness-only", "--kernel",
+                             "kernels/softmax.py"], cwd=repo, env=GIT_ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    while not proc.stdout.readline().startswith("stage_1_smoke"):  # the child runs by now
+        assert proc.poll() is None, proc.stdout.read()
+    git(repo, "commit", "-qam", "the user's own commit, during the re-gate")
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0 and "correctness: PASS" in out, out
+    assert git(repo, "log", "-1", "--format=%s").strip() == \
+        "the user's own commit, during the re-gate" and git(repo, "status", "--porcelain") == ""
 
 
 def test_best_variant_is_the_fastest_whose_outputs_were_compared_and_match():
