@@ -42,6 +42,7 @@ OUTSIDE = ["kills_the_judge", "forges_crash_record", "writes_outside_the_repo", 
 MODES = {"product": [p.stem for p in ATTACKS + TORCH_MATH], "sandbox": OUTSIDE,
          "record": ["kills_the_judge", "forges_crash_record"]}
 KEYS = ["mode", "attack", "checks", "verdict", "sandbox"]
+ATTACK_SHAPES = [(4, 256)]  # the setting the attack files are written at (reduce)
 GIT_ENV = {"GIT_AUTHOR_NAME": "attacks", "GIT_AUTHOR_EMAIL": "attacks@localhost",
            "GIT_COMMITTER_NAME": "attacks", "GIT_COMMITTER_EMAIL": "attacks@localhost"}
 
@@ -52,12 +53,14 @@ def git(repo, *args):
 
 
 def make_night(root, mode, starter):
-    """A scratch git copy of the harness with `starter` kept as kernel.py."""
+    """A scratch git copy of the harness with `starter` as kernel.py at the attacks' setting
+    (reduce 4x256), so that every attack is judged beside the kept version, as in a night whose
+    plan fixes the shapes, rather than kept as the first version of a setting of its own."""
     repo = root / mode
     ignore = shutil.ignore_patterns(".git", ".venv", "workspace", "results.tsv", "__pycache__",
-                                    ".device", "shared", "dist", "*.whl")
+                                    ".device", "shared", "dist", "*.whl", ".old")
     shutil.copytree(ROOT, repo, ignore=ignore)
-    shutil.copy(starter, repo / "kernel.py")
+    (repo / "kernel.py").write_text(starter.read_text() + f"\nBENCH_SHAPES = {ATTACK_SHAPES}\n")
     if mode != "product":  # the source check's rule table emptied: the check passes everything
         with open(repo / "autokernel" / "source_check.py", "a") as f:
             f.write("\nRULES = []\n")
@@ -104,8 +107,8 @@ def judge_attack(repo, mode, path, env, outside, outdir):
     shutil.copy(path, repo / "kernel.py")
     run = bench(repo, env, f"attack {path.stem}", outdir / f"attacks_{mode}_{path.stem}.log")
     new_rows = 1
-    if mode == "record":  # the next, honest run finds the killed judge's record
-        shutil.copy(repo / "kernels" / "reduce.py", repo / "kernel.py")
+    if mode == "record":  # the next, honest run (the kept version again) finds the record
+        git(repo, "checkout", "-q", "HEAD", "--", "kernel.py")
         honest = bench(repo, env, "honest after a killed judge",
                        outdir / f"attacks_{mode}_{path.stem}_honest.log")
         run["verdict"] += f" / next run: {honest['verdict']}"
@@ -144,7 +147,8 @@ def main(argv=None):
     p.add_argument("--modes", default="product",
                    help=f"comma-separated of {', '.join(MODES)}, or all (default product)")
     p.add_argument("--starter", type=Path, default=ROOT / "kernels" / "reduce.py",
-                   help="the kernel kept before the attacks (default kernels/reduce.py)")
+                   help="the reduce kernel kept before the attacks, at their setting "
+                        "(default kernels/reduce.py)")
     p.add_argument("--only", help="comma-separated attack names: run just these (of each mode's)")
     args = p.parse_args(argv)
     if args.only:
