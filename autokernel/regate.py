@@ -27,8 +27,9 @@ HEARTBEAT_S = 30  # the longest a re-gate, or a long step of verify.py, stays si
 
 def parallel_limit():
     """How many re-gates run at once: each is a judge and a child compiling kernels, mostly on
-    the CPU (the GPU checks are short), so half the cores, leaving the compilers room."""
-    return max(1, (os.cpu_count() or 2) // 2)
+    the CPU (the GPU checks are short), so half the cores, leaving the compilers room; at most
+    four, since each also holds two CUDA contexts and its checks' tensors on the one GPU."""
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 def regate(path, timeout_s=180, log=None):
