@@ -16,7 +16,7 @@ from autokernel import contract, gate, kinds, results, sandbox, source_check, st
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
 from autokernel.judge import (COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
-                              ChildRunner, measure, tampered)
+                              ChildRunner, left_running, measure, tampered)
 
 KEPT_NAME = ak.WORKSPACE / "kept_version.py"  # names the kept version's source (not a file)
 
@@ -64,8 +64,7 @@ def run(args):
         if changed:
             outcome.update(correctness="FAIL", reason=tampered(changed))
         elif strays:  # the kernel's work is the call it is judged on, nothing that outlives it
-            outcome.update(correctness="FAIL", reason=f"the kernel left {len(strays)} process(es) "
-                           f"running after its child was stopped ({strays[0]}); killed")
+            outcome.update(correctness="FAIL", reason=left_running(strays))
         outcome["sandbox"] = sandbox.describe(confinement)
         if confinement["abi"] is None:  # the row says its kernel could write anything
             outcome["reason"] = "; ".join(filter(None, [outcome.get("reason"),

@@ -40,6 +40,12 @@ def tampered(changed):
             f"{' ...' if len(changed) > 5 else ''} during the run (restored; never kept)")
 
 
+def left_running(strays):
+    """The reason for a run whose kernel left processes behind (state.end_strays' list)."""
+    return (f"the kernel left {len(strays)} process(es) running after its child was stopped "
+            f"({strays[0]}); killed")
+
+
 # ---- the untrusted child, seen from here ----------------------------------------------------
 
 class ChildGone(Exception):

@@ -41,7 +41,8 @@ import autokernel as ak
 from autokernel import gate, kernelbench, source_check, state
 from autokernel.cli import UsageError, describe, one_line
 from autokernel.contract import KernelFileError
-from autokernel.judge import CHILD_LOG, ChildGone, ChildRunner, measure, tampered
+from autokernel.judge import (CHILD_LOG, ChildGone, ChildRunner, left_running, measure,
+                              tampered)
 
 FAST_P = (0, 1, 1.5, 2)
 # Reasons that mean the solution never produced an output to judge (see the verdicts above).
@@ -199,9 +200,7 @@ def run_solution(solution, plan, timeout, call_timeout):
     if changed:
         outcome.update(correctness="FAIL", reason=tampered(changed), unjudged=False)
     elif strays:
-        outcome.update(correctness="FAIL", unjudged=False, reason=f"the solution left "
-                       f"{len(strays)} process(es) running after its child was stopped "
-                       f"({strays[0]}); killed")
+        outcome.update(correctness="FAIL", reason=left_running(strays), unjudged=False)
     return outcome
 
 
@@ -224,7 +223,6 @@ def in_child(solution, plan, timeout, call_timeout, snapshot):
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the table's
             outcome.update(measure(runner, None, plan))
     return outcome
-
 
 
 def verdict(outcome):
