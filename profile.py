@@ -62,6 +62,17 @@ profile.json schema (times are per iteration, in microseconds):
     pluggable      typed entries: whether verify.py's swap reaches this type in this model (a
                    computation recognized where the model writes it out as torch ops may not
                    be: extract.py skips it then); null if that check failed
+    region         region entries (group "region", name "<module class>:<id>": a piece of the
+                   model's own code outside the kernel types, autokernel/regions.py; calls =
+                   its instances per forward, shapes = its first input's):
+                   {"id", "label", "ops" (its calls by name), "inputs" [{"shape", "dtype",
+                   "parameter": the region's name for a model parameter, else null}],
+                   "outputs" [{"shape", "dtype"}], "flops" (its GEMMs and convolutions),
+                   "bytes" (inputs read and outputs written once), "instances" (module paths,
+                   "" for the model's own forward), "reference" (a standalone problem file in
+                   KernelBench's format: the region's frozen code, the oracle; null when it
+                   cannot be written), "note" (why not)}
+  region_pct       float  share of op time in regions (0..100)
 """
 import argparse
 import os
@@ -80,7 +91,7 @@ from torch.profiler import ProfilerActivity
 from autokernel.baselines import roofline_ceilings
 from autokernel.cli import ArgumentParser, UsageError, describe, run_main
 from autokernel.graph_capture import recognized_forward
-from autokernel.recognize import GROUP_BOUND, OTHER, SCOPE_PREFIX, classify_event
+from autokernel.recognize import GROUP_BOUND, OTHER, REGION, SCOPE_PREFIX, classify_event
 from autokernel.swap import pluggable_types
 from autokernel.workspace import write_json
 from models.load import (ModelError, add_model_args, device_and_dtype,
@@ -128,7 +139,7 @@ def _profile(argv):
     result = {"model": description, "model_args": model_args(args), "trace": args.export_trace}
     try:
         result.update(profile_model(model, inputs, device, dtype, warmup, iters,
-                                    trace=args.export_trace))
+                                    trace=args.export_trace, description=description))
     except torch.cuda.OutOfMemoryError:
         raise ModelError("CUDA out of memory: use a smaller --input-shape or --config") from None
     write_json(args.output, result)
@@ -246,6 +257,21 @@ def _roofline(ktype_name, shape_detail, dtype, time_us, ceilings):
     return bound, (100.0 * floor_us / time_us if time_us > 0 else None)
 
 
+def add_region(entry, record, ceilings):
+    """A region's entry: its record (what it computes, its reference) and, on a GPU, its bound
+    and roofline from its GEMM/convolution FLOPs and the bytes it must move once."""
+    entry["region"] = record
+    entry["shapes"] = [i["shape"] for i in record["inputs"][:1] if i]
+    if ceilings is None:
+        return
+    ridge = ceilings["tflops"] * 1e12 / (ceilings["bandwidth_gb_s"] * 1e9)
+    entry["bound"] = "compute" if record["bytes"] and \
+        record["flops"] / record["bytes"] >= ridge else "memory"
+    floor_us = max(record["flops"] / (ceilings["tflops"] * 1e6),
+                   record["bytes"] / (ceilings["bandwidth_gb_s"] * 1e3)) * entry["calls"]
+    entry["pct_of_roofline"] = 100.0 * floor_us / entry["time_us"] if entry["time_us"] else None
+
+
 def build_entries(anchors, iters, total_us, dtype, ceilings):
     """Aggregate anchors into ranked entries (one per name, group and kernel type)."""
     rows = defaultdict(lambda: {"time": 0.0, "calls": 0, "shapes": defaultdict(lambda: [0.0, 0]),
@@ -288,10 +314,11 @@ def build_entries(anchors, iters, total_us, dtype, ceilings):
     return entries
 
 
-def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
+def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, description=None):
     """Time the forward without the profiler (and, on a GPU, take its peak memory), then profile
-    it; trace: a path to write the profiled forwards to as a Chrome trace. Returns the result
-    dict (profile.json's fields other than model/model_args/trace)."""
+    it; trace: a path to write the profiled forwards to as a Chrome trace; description: the
+    model's, for the regions' reference files. Returns the result dict (profile.json's fields
+    other than model/model_args/trace)."""
     on_gpu = device.type == "cuda"
     began = time.perf_counter()
 
@@ -323,7 +350,9 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
         skip = ("qkv_rotary",) if plugged is not None and "qkv_rotary" not in plugged else ()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         prof = torch.profiler.profile(activities=activities, record_shapes=True)
-        with recognized_forward(model, inputs, skip=skip) as forward:
+        regions = {}
+        with recognized_forward(model, inputs, skip=skip, regions=regions,
+                                origin=description) as forward:
             with _quiet_kineto(not on_gpu):
                 prof.start()
             try:
@@ -342,6 +371,8 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
     for e in entries:
         if e["kernel_type"]:
             e["pluggable"] = None if plugged is None else e["kernel_type"] in plugged
+        elif e["group"] == REGION:
+            add_region(e, regions[e["name"].rsplit(":", 1)[1]], ceilings)
     lost = sum(unattributed.values())
     if lost > 0:
         names = ", ".join(f"{n[:40]} {_us(t / iters)}" for n, t in unattributed.most_common(3))
@@ -369,6 +400,7 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None):
         "peak_memory_mib": peak / 2 ** 20 if on_gpu else None,
         "resident_memory_mib": resident / 2 ** 20 if on_gpu else None,
         "named_pct": 100.0 * (1 - groups.get(OTHER, 0.0) / total_op_us) if total_op_us else 0.0,
+        "region_pct": 100.0 * groups.get(REGION, 0.0) / total_op_us if total_op_us else 0.0,
         "ceilings": ceilings,
         "groups": [{"group": g, "time_us": t, "share": t / total_op_us if total_op_us else 0.0}
                    for g, t in sorted(groups.items(), key=lambda kv: -kv[1])],
@@ -407,6 +439,10 @@ def print_report(result, top):
               f"({r['resident_memory_mib']:,.0f} MiB before the forward: weights, inputs)")
     print(f"named groups: {r['named_pct']:.1f}% of {unit} time "
           f"(other: {100 - r['named_pct']:.1f}%)")
+    regions = [e for e in r["entries"] if e["group"] == REGION]
+    if regions:
+        print(f"regions:      {r['region_pct']:.1f}% of {unit} time in {len(regions)} regions "
+              f"(the model's own code outside the kernel types, one row per distinct piece)")
     if r["ceilings"]:
         c = r["ceilings"]
         print(f"roofline:     {c['tflops']:.0f} TFLOP/s, {c['bandwidth_gb_s']:.0f} GB/s, "
@@ -422,6 +458,9 @@ def print_report(result, top):
         shape = "x".join(map(str, e["shapes"][0])) if e["shapes"] else (
             "(none: " + e["note"][:70] + ")" if e["note"] else "-")
         more = f" (+{len(e['shapes']) - 1})" if len(e["shapes"]) > 1 else ""
+        if e.get("region"):  # what it computes, after its first input's shape
+            ops = e["region"]["ops"]
+            more = ": " + " ".join(ops[:6]) + (f" (+{len(ops) - 6} ops)" if len(ops) > 6 else "")
         print(f"{i:>3}  {e['name'][:34]:<34} {e['group']:<16} {e['kernel_type'] or '-':<17} "
               f"{_us(e['time_us']):>10} {100 * e['share']:>5.1f}% {e['calls']:>6g} "
               f"{e['bound']:<8} {roof:>8} {amdahl:>7}  {shape}{more}")

@@ -24,6 +24,7 @@ sys.modules here. Everything else lives in a module with one job:
     graph_capture which kernel type a computation in the captured graph is, whoever wrote it:
                   patterns(_rotary) spell the types, matches picks the blocks, fx_vocabulary
                   names the graph's ops, mask_values evaluates masks
+    regions       the rest of the model's code cut into regions, each with a reference file
     night         per-kernel stats, Amdahl            gpus       datasheet peaks; is_rocm()
     ops           a kernel file as a torch custom op  cuda_build CUDA C++ sources compiled
     export        the package export.py writes        kernelbench(_score, _setup) KernelBench

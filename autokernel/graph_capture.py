@@ -32,17 +32,20 @@ from autokernel.cli import describe
 from autokernel.matches import Match, find_matches
 from autokernel.patterns import PATTERNS
 from autokernel.recognize import module_scopes
+from autokernel.regions import REGION, find_regions, observe
+from autokernel.regions import record as region_record
 
 
 @contextmanager
-def recognized_forward(model, inputs, say=print, skip=()):
+def recognized_forward(model, inputs, say=print, skip=(), regions=None, origin=None):
     """The forward to profile: the model under Dynamo with every match in its profiler scope
-    (already run once, the capture); skip: patterns (by name) not to look for. When capture
-    fails, the model itself inside its module classes' scopes, after one line saying so.
-    Dynamo's caches are cleared afterwards: they would keep this model's graphs, and after 8 of
-    them Dynamo stops tracing that code."""
+    (already run once, the capture); skip: patterns (by name) not to look for; regions: a dict
+    to fill with the regions (autokernel/regions.py) of what no pattern matched, {id: record},
+    each also run in its scope (origin: the model's description, for their reference files). When capture fails, the model itself inside its module classes'
+    scopes, after one line saying so. Dynamo's caches are cleared afterwards: they would keep
+    this model's graphs, and after 8 of them Dynamo stops tracing that code."""
     try:
-        forward, matches = capture(model, inputs, skip)
+        forward, matches = capture(model, inputs, skip, regions, origin)
     except Exception as e:  # noqa: BLE001  (any failure to trace leaves today's recognition)
         torch._dynamo.reset()
         say(f"  graph capture failed ({describe(e, 160)}): kernel types recognized by op name "
@@ -50,23 +53,37 @@ def recognized_forward(model, inputs, say=print, skip=()):
         with module_scopes(model):
             yield model
         return
-    counts = Counter(m.ktype for m in matches)
+    counts = Counter(m.ktype for m in matches if m.ktype != REGION)
     say("  recognized by computation: " + (", ".join(f"{n} {k}" for k, n in counts.most_common())
                                            or "nothing beyond single ops"))
+    if regions is not None:
+        say(f"  regions (the rest, cut by module): {len(regions)} distinct, "
+            f"{sum(len(r['instances']) for r in regions.values())} instances")
     try:
         yield forward
     finally:
         torch._dynamo.reset()
 
 
-def capture(model, inputs, skip=()):
-    """Run the model once under Dynamo; every graph it captures is matched and instrumented.
+def capture(model, inputs, skip=(), regions=None, origin=None):
+    """Run the model once under Dynamo; every graph it captures is matched and instrumented
+    (with its regions too when `regions` is a dict to fill: recognized_forward).
     Returns (the compiled forward, [Match])."""
     found, graphs = [], []
     root = type(model).__name__
+    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    origin = origin or root
 
     def backend(gm, example_inputs):
         matches = find_matches(gm, example_inputs, PATTERNS, root, skip)
+        if regions is not None:
+            cut = find_regions(gm, matches, root)
+            seen = observe(gm, example_inputs, {a for r in cut for a in r.inputs}, names)
+            for r in cut:
+                if r.id not in regions:
+                    regions[r.id] = region_record(r, seen, origin)
+                regions[r.id]["instances"].append(r.module)
+            matches = matches + cut
         instrument(gm, matches)
         found.extend(matches)
         graphs.append(gm)

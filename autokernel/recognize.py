@@ -18,6 +18,7 @@ from torch.profiler import record_function
 
 SCOPE_PREFIX = "autokernel::"
 OTHER = "other"
+REGION = "region"  # a piece of the model outside the kernel types (autokernel/regions.py)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,6 +306,8 @@ def classify_event(event):
     attributed to: an autokernel scope (named by its module's class) or an aten op."""
     if event.name.startswith(SCOPE_PREFIX):
         label, ktype, shape, note, variant = parse_scope(event.name)
+        if ktype == REGION:  # its id in the note's place: one entry per distinct region
+            return f"{label}:{note}", REGION, None, None, "", {}
         return label, ktype, ktype, shape, note, variant
     group, ktype, shape, note, variant = classify_op(
         event.name, event.input_shapes or [], getattr(event, "concrete_inputs", None) or [])

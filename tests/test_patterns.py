@@ -283,7 +283,7 @@ def test_masks_that_are_not_causal_are_noted():
 
 
 def test_capture_failure_falls_back_to_op_names_and_module_classes(monkeypatch, capsys):
-    def broken(model, inputs, skip=()):
+    def broken(model, inputs, *args):
         raise RuntimeError("no graph today")
     monkeypatch.setattr(graph_capture, "capture", broken)
     cfg = llama.LLaMAConfig(vocab_size=64, max_seq=16, n_layer=1, n_head=2, dim=16, hidden=32)

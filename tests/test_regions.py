@@ -1,0 +1,144 @@
+"""Regions (autokernel/regions.py): the model's own computation outside the kernel types, cut
+per module into convex pieces, grouped by what they compute, profiled, and written as standalone
+reference files that compute what the model computes."""
+import torch
+import torch.nn as nn
+
+import autokernel
+from autokernel import graph_capture, regions
+from autokernel.contract import load_module
+
+profile_script = load_module(autokernel.ROOT / "profile.py", "profile_for_regions")
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))) + x)
+
+
+class NewGELU(nn.Module):  # minGPT's, written out
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class Net(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.Sequential(BasicBlock(c), BasicBlock(c))
+        self.wide = BasicBlock(2 * c)
+        self.fc = nn.Linear(2 * c, 10)
+        self.act = NewGELU()
+
+    def forward(self, x):
+        h = self.blocks(torch.relu(self.stem(x)))
+        h = self.wide(torch.cat([h, h], 1))
+        return self.act(self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1)))
+
+
+def trained_like(model):
+    """BatchNorm with the statistics and affine of a trained model, so no parameter is a
+    constant a wrong reference could get away with."""
+    torch.manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def captured(model, x):
+    found = {}
+    with torch.no_grad(), graph_capture.recognized_forward(model, (x,), say=lambda m: None,
+                                                           regions=found, origin="Net") as fwd:
+        out = fwd(x)
+    return found, out
+
+
+def test_regions_are_cut_per_module_and_grouped_by_what_they_compute():
+    found, _ = captured(trained_like(Net()), torch.randn(2, 3, 8, 8))
+    by_label = {}
+    for r in found.values():
+        by_label.setdefault(r["label"], []).append(r)
+    # The two blocks of the same width are one region with two instances; the wide one differs
+    # in its shapes, so it is a region of its own.
+    blocks = sorted(by_label["BasicBlock"], key=lambda r: -len(r["instances"]))
+    assert [sorted(r["instances"]) for r in blocks] == [["blocks.0", "blocks.1"], ["wide"]]
+    assert blocks[0]["ops"] == ["conv2d", "batch_norm", "relu", "conv2d", "batch_norm", "add",
+                                "relu"]
+    params = [i["parameter"] for i in blocks[0]["inputs"] if i["parameter"]]
+    assert "conv1_weight" in params and "bn2_running_var" in params
+    # The written-out GELU is one region (its branches joined), the linear stays a matmul.
+    (gelu,) = by_label["NewGELU"]
+    assert sorted(gelu["ops"]) == sorted(["mul", "pow", "mul", "add", "mul", "tanh", "add",
+                                          "mul"])
+    assert all("linear" not in r["ops"] for r in found.values())
+    # The model's own forward: stem + relu, then (after the blocks) cat, then the pooling.
+    own = [r["ops"] for r in by_label["Net"]]
+    assert ["conv2d", "relu"] in own and any("adaptive_avg_pool2d" in ops for ops in own)
+
+
+def test_a_reference_file_computes_what_the_model_computes():
+    model = trained_like(Net())
+    found, _ = captured(model, torch.randn(2, 3, 8, 8))
+    record = next(r for r in found.values() if r["label"] == "BasicBlock"
+                  and "wide" in r["instances"])
+    problem = {}
+    exec(compile(record["reference"], "region.py", "exec"), problem)
+    ref = problem["Model"](*problem["get_init_inputs"]()).eval()
+    (x,) = problem["get_inputs"]()
+    assert list(x.shape) == record["inputs"][0]["shape"] == [2, 16, 8, 8]
+    # Drawn like the real ones: a running variance stays positive, nothing is a constant.
+    assert (ref.bn1_running_var > 0).all() and ref.conv1_weight.std() > 0
+    # With the model's own parameters in, it is the model's block.
+    with torch.no_grad():
+        used = dict(ref.named_parameters()) | dict(ref.named_buffers())
+        assert len(used) == 10  # two convs' weights, two BatchNorms' four tensors each
+        for name, value in model.wide.state_dict().items():
+            if name.replace(".", "_") in used:
+                used.pop(name.replace(".", "_")).copy_(value)
+        assert not used
+        assert torch.equal(ref(x.clone()), model.wide(x.clone()))
+
+
+def test_a_constant_parameter_is_drawn_with_a_spread():
+    """A fresh BatchNorm's weight is all ones: a stand-in drawn as ones would let a kernel that
+    skips the scale pass."""
+    model = Net().eval()
+    found, _ = captured(model, torch.randn(2, 3, 8, 8))
+    record = next(r for r in found.values() if r["label"] == "BasicBlock")
+    problem = {}
+    exec(compile(record["reference"], "region.py", "exec"), problem)
+    ref = problem["Model"]()
+    assert ref.bn1_weight.std() > 0.01 and ref.bn1_running_mean.std() > 0.01
+
+
+def test_profile_ranks_regions_beside_the_kernel_types():
+    result = profile_script.profile_model(trained_like(Net()), [torch.randn(2, 3, 8, 8)],
+                                          torch.device("cpu"), torch.float32, warmup=0, iters=1,
+                                          description="Net")
+    rows = [e for e in result["entries"] if e["group"] == "region"]
+    assert rows and all(e["kernel_type"] is None and e["region"]["reference"] for e in rows)
+    block = next(e for e in rows if e["region"]["instances"] == ["blocks.0", "blocks.1"])
+    assert block["name"] == f"BasicBlock:{block['region']['id']}" and block["calls"] == 2
+    assert block["shapes"] == [[2, 8, 8, 8]]
+    assert result["region_pct"] > 90  # convolutions: almost all of this model's time
+    assert any(e["kernel_type"] == "matmul" for e in result["entries"])
+    assert abs(sum(e["share"] for e in result["entries"]) - 1) < 1e-6
+
+
+def test_module_paths_read_as_named_modules_spells_them():
+    assert regions.module_path("L['self'].layers[0].mlp") == "layers.0.mlp"
+    assert regions.module_path("getattr(L['self'].h, '0').attn") == "h.0.attn"
+    assert regions.module_path("L['self'].blocks['a']") == "blocks.a"
+    assert regions.module_path("L['self']") == ""
