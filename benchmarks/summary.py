@@ -6,6 +6,7 @@ commands wrote: rows ready to paste into BENCHMARKS.md.
     python3 benchmarks/summary.py verify OUTDIR/verify_llama.json ...    # verify.py's reports
     python3 benchmarks/summary.py kernelbench OUTDIR/kernelbench_*.json  # kernelbench.py score's
     python3 benchmarks/summary.py gate OUTDIR/gate_speed.tsv             # gate_speed.sh's runs
+    python3 benchmarks/summary.py profile OUTDIR/profile_*.json          # profile.py's, per model
 
 kernelbench merges its reports (a problem scored twice: the later file's row) and gives fast_p
 over all of them, so the problems can be scored in several calls.
@@ -111,20 +112,43 @@ def gate(path):
               f"{len(paired)} runs)")
 
 
+def profiles(paths):
+    """Per model: the share of its op time in the kernel types, in regions, and in neither."""
+    rows = []
+    for path in paths:
+        if not Path(path).is_file():
+            rows.append([Path(path).stem.removeprefix("profile_"), "no report (see its log)"]
+                        + ["-"] * 5)
+            continue
+        p = json.loads(Path(path).read_text())
+        entries = p["entries"]
+        typed = 100 * sum(e["share"] for e in entries if e["kernel_type"])
+        regions = [e for e in entries if e["group"] == "region"]
+        top = regions[0] if regions else None
+        rows.append([Path(path).stem.removeprefix("profile_"), p["dtype"], num(typed),
+                     num(p.get("region_pct")), num(100 - typed - (p.get("region_pct") or 0)),
+                     len(regions), f"{top['name']} {100 * top['share']:.1f}%: "
+                     f"{' '.join(top['region']['ops'][:5])}" if top else "-"])
+    print("share of op time (%): in the kernel types, in regions, in neither")
+    print(table(["model", "dtype", "types", "regions", "neither", "regions (distinct)",
+                 "top region"], rows))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
-    parser.add_argument("what", choices=("starters", "verify", "kernelbench", "gate"))
+    parser.add_argument("what", choices=("starters", "verify", "kernelbench", "gate", "profile"))
     parser.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
     if args.what in ("starters", "gate") and len(args.files) != 1:
         parser.error(f"{args.what} reads one file")
     missing = [f for f in args.files if not Path(f).is_file()]
-    if missing and args.what != "verify":
+    if missing and args.what not in ("verify", "profile"):
         print(f"summary.py: {', '.join(missing)} not found: the benchmark wrote no report "
               f"(see its log)", file=sys.stderr)
         return 1
     {"starters": lambda: starters(args.files[0]), "verify": lambda: verify(args.files),
-     "kernelbench": lambda: kernelbench(args.files), "gate": lambda: gate(args.files[0])}[
+     "kernelbench": lambda: kernelbench(args.files), "gate": lambda: gate(args.files[0]),
+     "profile": lambda: profiles(args.files)}[
         args.what]()
     return 0
 
