@@ -31,9 +31,8 @@ from torch.profiler import record_function
 from autokernel.cli import describe
 from autokernel.matches import Match, find_matches
 from autokernel.patterns import PATTERNS
-from autokernel.recognize import module_scopes
-from autokernel.regions import REGION, find_regions, observe
-from autokernel.regions import record as region_record
+from autokernel.recognize import REGION, module_scopes
+from autokernel.regions import find_regions, observe, record
 
 
 @contextmanager
@@ -71,19 +70,12 @@ def capture(model, inputs, skip=(), regions=None, origin=None):
     Returns (the compiled forward, [Match])."""
     found, graphs = [], []
     root = type(model).__name__
-    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
-    origin = origin or root
 
     def backend(gm, example_inputs):
         matches = find_matches(gm, example_inputs, PATTERNS, root, skip)
         if regions is not None:
-            cut = find_regions(gm, matches, root)
-            seen = observe(gm, example_inputs, {a for r in cut for a in r.inputs}, names)
-            for r in cut:
-                if r.id not in regions:
-                    regions[r.id] = region_record(r, seen, origin)
-                regions[r.id]["instances"].append(r.module)
-            matches = matches + cut
+            matches = matches + _regions(gm, example_inputs, matches, model, regions,
+                                         origin or root)
         instrument(gm, matches)
         found.extend(matches)
         graphs.append(gm)
@@ -95,6 +87,18 @@ def capture(model, inputs, skip=(), regions=None, origin=None):
     if not graphs:
         raise RuntimeError("Dynamo captured no graph of the forward")
     return compiled, found
+
+
+def _regions(gm, example_inputs, matches, model, regions, origin):
+    """The graph's regions (recorded in `regions` by id, each instance's module path added)."""
+    cut = find_regions(gm, matches, type(model).__name__)
+    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    seen = observe(gm, example_inputs, {a for r in cut for a in r.inputs}, names)
+    for r in cut:
+        if r.id not in regions:
+            regions[r.id] = record(r, seen, origin)
+        regions[r.id]["instances"].append(r.module)
+    return cut
 
 
 @contextmanager
