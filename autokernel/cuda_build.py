@@ -20,7 +20,9 @@ seconds and also on a machine without a GPU (the compile-only test). The build g
 torch.utils.cpp_extension.load_inline (nvcc, ninja) into workspace/cuda_build/<hash>/ (under
 bench.py, the kernel's sandbox directory: autokernel/sandbox.py), keyed by the source, its line
 in the file and the compile flags: an unchanged kernel is never rebuilt, and a killed build
-leaves only a scratch folder the next build removes. A compile error raises
+leaves only a scratch folder the next build removes. The build's output stays beside the
+library as build.log: ptxas's registers and spill bytes per kernel (the library's build_log;
+resource_usage reads it), what a CUDA kernel's occupancy turns on. A compile error raises
 CudaBuildError with one line, nvcc's first error and its line in the kernel file (a #line
 directive maps the source to the file), and saves the full log beside the cache.
 
@@ -44,13 +46,17 @@ import os
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from autokernel import ROOT, WORKSPACE
 
 # AUTOKERNEL_CUDA_BUILD_DIR: the kernel's sandbox points its builds at its own scratch directory.
 CACHE_DIR = Path(os.environ.get("AUTOKERNEL_CUDA_BUILD_DIR") or WORKSPACE / "cuda_build")
-FLAGS = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+# -Xptxas -v: ptxas reports each kernel's registers and spills into the build log (resource_usage).
+FLAGS = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-v"]
+BUILD_LOG = "build.log"  # beside the library: the whole build's output
+_FD1 = threading.Lock()  # a build points fd 1 at its log
 DEFAULT_ARCH = "90a"  # without a GPU: the H100 the project measures on
 SOURCE_NAME = "CUDA_SRC"  # the file name nvcc reports; errors are mapped back to the kernel file
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -119,7 +125,8 @@ def load(source, name=None):
     key = hashlib.sha256("\0".join([text, *flags, str(cuda_home)]).encode()).hexdigest()[:20]
     path = _build(text, key, flags, cuda_home, shown)
     try:
-        return CudaLibrary(ctypes.CDLL(str(path)), launchers(source), shown)
+        return CudaLibrary(ctypes.CDLL(str(path)), launchers(source), shown,
+                           path.parent / BUILD_LOG)
     except OSError as e:
         raise CudaBuildError(f"{shown}: the compiled library does not load ({e})") from None
 
@@ -160,13 +167,14 @@ def _build(text, key, flags, cuda_home, shown):
         try:
             built = _load_inline(text, key, flags, cuda_home, scratch)
         except RuntimeError as e:
+            output = _read(scratch / BUILD_LOG) + str(e)
             shutil.rmtree(scratch, ignore_errors=True)
             log = CACHE_DIR / f"{key}.log"
-            log.write_text(str(e))
-            raise CudaBuildError(f"{first_error(str(e), shown)} (full log: "
+            log.write_text(output)
+            raise CudaBuildError(f"{first_error(output, shown)} (full log: "
                                  f"{_shown(log, outside='path')})") from None
         for leftover in scratch.iterdir():  # objects and ninja files: only the library is kept
-            if leftover.name != Path(built).name and leftover.name != "cuda.cu":
+            if leftover.name not in (Path(built).name, "cuda.cu", BUILD_LOG):
                 with contextlib.suppress(OSError):
                     shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         shutil.rmtree(final, ignore_errors=True)  # a folder without its library: half a copy
@@ -184,9 +192,51 @@ def _load_inline(text, key, flags, cuda_home, folder):
     finally:
         logger.setLevel(level)
     cpp.CUDA_HOME = str(cuda_home)
-    return cpp.load_inline(name=f"ak_{key}", cpp_sources="", cuda_sources=text,
-                           extra_cuda_cflags=flags, build_directory=str(folder),
-                           no_implicit_headers=True, is_python_module=False, verbose=False)
+    # Quiet, load_inline drops the build's output when it succeeds; verbose, ninja writes it to
+    # fd 1, which points at the build log meanwhile: fd 1 is the process's, so one build at a
+    # time in a process.
+    with _FD1:
+        return _build_logged(cpp, text, key, flags, folder)
+
+
+def _build_logged(cpp, text, key, flags, folder):
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(folder / BUILD_LOG, "w") as log:
+            os.dup2(log.fileno(), 1)
+            try:
+                with contextlib.redirect_stdout(log):  # cpp_extension's own lines too
+                    return cpp.load_inline(
+                        name=f"ak_{key}", cpp_sources="", cuda_sources=text,
+                        extra_cuda_cflags=flags, build_directory=str(folder),
+                        no_implicit_headers=True, is_python_module=False, verbose=True)
+            finally:
+                sys.stdout.flush()
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
+
+
+def _read(path):
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def resource_usage(log):
+    """{kernel's mangled name: (registers, spill store bytes)} from a build log's ptxas report."""
+    found, name = {}, None
+    for line in log.splitlines():
+        match = re.search(r"(?:Compiling entry function|Function properties for) '?(\w+)", line)
+        if match:
+            name = match.group(1)
+        elif name and (match := re.search(r"(\d+) bytes spill stores", line)):
+            found[name] = (found.get(name, (None, 0))[0], int(match.group(1)))
+        elif name and (match := re.search(r"Used (\d+) registers", line)):
+            found[name] = (int(match.group(1)), found.get(name, (None, 0))[1])
+    return found
 
 
 _ERROR_PATTERNS = [
@@ -256,10 +306,11 @@ def launchers(source):
 
 
 class CudaLibrary:
-    """The loaded library: one attribute per launcher (see Launcher)."""
+    """The loaded library: one attribute per launcher (see Launcher); build_log: its build's
+    output (ptxas's registers and spills per kernel: resource_usage)."""
 
-    def __init__(self, dll, signatures, shown):
-        self._dll, self._shown = dll, shown
+    def __init__(self, dll, signatures, shown, build_log=None):
+        self._dll, self._shown, self.build_log = dll, shown, build_log
         error_string = dll.autokernel_cuda_error_string
         error_string.restype, error_string.argtypes = ctypes.c_char_p, [ctypes.c_int]
         for name, params in signatures.items():

@@ -7,6 +7,7 @@ Each kernel is judged like bench.py judges it: fp64 oracle from autokernel/refer
 tolerance, every CPU shape set and adversarial input of its type, fp16 and fp32 (the interpreter's
 bf16 tl.dot is wrong, so bf16 runs on the GPU only), plus the strided layouts models hand over.
 """
+import json
 import os
 import subprocess
 import sys
@@ -270,28 +271,63 @@ print(compiled.asm["ptx"])
 """
 
 
-def compiled_for_sm90(script, *args):
-    """Run a compile script in a child without TRITON_INTERPRET; check what every Gluon kernel
-    for Hopper must show (wgmma, warp specialization's setmaxnreg, TMA; no register spills;
-    within the 227 KB of shared memory) and return the PTX."""
+# Runs compile scripts one after another in one child (a torch and triton import, not one
+# each): a JSON list of [script, argv] in, a JSON list of [stdout or None, error or None] out.
+RUN_SCRIPTS = """
+import contextlib, io, json, sys, traceback
+results = []
+for script, argv in json.loads(sys.stdin.read()):
+    sys.argv, out = ["compile"] + argv, io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(script, "compile_for_sm90", "exec"), {"__name__": "__compile__"})
+        results.append([out.getvalue(), None])
+    except BaseException:
+        results.append([None, traceback.format_exc()[-3000:]])
+sys.stdout.write(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    """Every compile the tests below ask for, done once, in one child without TRITON_INTERPRET:
+    {(script, args): (stdout, error)}."""
+    jobs = [(COMPILE_FOR_SM90, [str(D), dtype, mask]) for D, dtype, mask in ATTENTION_SM90]
+    for shape, b_layout, activation, residual, ln in MATMUL_SM90:
+        jobs.append((MATMUL_FOR_SM90, [shape, b_layout, activation, residual, ln]))
+        if residual == "residual":  # the same schedule without the residual, to compare with
+            jobs.append((MATMUL_FOR_SM90, [shape, b_layout, activation, "none", ln]))
+    jobs += [(QKV_ROTARY_FOR_SM90, [str(N), str(D), bias]) for N, D, bias in QKV_ROTARY_SM90]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=autokernel.ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", RUN_SCRIPTS], env=env, cwd=autokernel.ROOT,
+                          input=json.dumps(jobs), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    shared, ptx = done.stdout.split("\n", 1)
+    return {(script, tuple(argv)): tuple(result)
+            for (script, argv), result in zip(jobs, json.loads(done.stdout))}
+
+
+def compiled_for_sm90(sm90, script, *args):
+    """A Gluon kernel compiled for Hopper (the sm90 fixture): check what every one must show
+    (wgmma, warp specialization's setmaxnreg, TMA; no register spills; within the 227 KB of
+    shared memory) and return the PTX."""
+    stdout, error = sm90[(script, args)]
+    assert error is None, error
+    shared, ptx = stdout.split("\n", 1)
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx
     assert ".local" not in ptx, "register spills"
     assert int(shared) <= 227 * 1024
     return ptx
 
 
-@pytest.mark.parametrize("D,dtype,mask", [(128, "float16", "causal"), (64, "bfloat16", "causal"),
-                                          (128, "float16", "full")])
-def test_attention_hopper_kernel_compiles_for_sm90(D, dtype, mask):
+ATTENTION_SM90 = [(128, "float16", "causal"), (64, "bfloat16", "causal"), (128, "float16", "full")]
+
+
+@pytest.mark.parametrize("D,dtype,mask", ATTENTION_SM90)
+def test_attention_hopper_kernel_compiles_for_sm90(sm90, D, dtype, mask):
     """The Gluon kernel cannot run in the interpreter, but it compiles for an H100 without one:
     the wgmma/TMA/warp-specialization API it uses exists in this triton, and it neither spills
     nor outgrows shared memory."""
-    compiled_for_sm90(COMPILE_FOR_SM90, str(D), dtype, mask)
+    compiled_for_sm90(sm90, COMPILE_FOR_SM90, str(D), dtype, mask)
 
 
 # The matmul starter's Gluon kernel for an H100, the same way: shared memory, then the PTX.
@@ -326,24 +362,27 @@ print(compiled.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("shape,b_layout,activation,residual,ln", [
+MATMUL_SM90 = [
     ("8192x50304x768", "kmajor", "none", "none", "none"),      # cooperative 128x256 (vocabulary)
     ("8192x768x3072", "kmajor", "none", "residual", "none"),   # cooperative 128x128 (c_proj)
     ("8192x768x3072", "rows", "gelu", "none", "none"),         # cooperative 128x128 (narrow N)
     ("8192x3072x768", "rows", "gelu_tanh", "residual", "none"),  # ping-pong 64x256 (small K)
     ("8192x2304x768", "rows", "none", "none", "ln"),           # a LayerNorm folded in: c_attn
     ("8192x3072x768", "kmajor", "gelu_tanh", "none", "ln"),    # and c_fc (ping-pong)
-])
-def test_matmul_hopper_kernel_compiles_for_sm90(shape, b_layout, activation, residual, ln):
+]
+
+
+@pytest.mark.parametrize("shape,b_layout,activation,residual,ln", MATMUL_SM90)
+def test_matmul_hopper_kernel_compiles_for_sm90(sm90, shape, b_layout, activation, residual, ln):
     """Each schedule pick_hopper_config chooses compiles for an H100 without one: wgmma, TMA and
     warp specialization, no register spills, within the 227 KB of shared memory; a residual
     adds a TMA load of its own; a LayerNorm reads the A boxes from shared memory (16-byte
     vectors) for its statistics."""
-    ptx = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, residual, ln)
+    ptx = compiled_for_sm90(sm90, MATMUL_FOR_SM90, shape, b_layout, activation, residual, ln)
     if activation == "gelu_tanh":  # GELU's tanh in one special-function instruction
         assert "tanh.approx.f32" in ptx
     if residual == "residual":
-        plain = compiled_for_sm90(MATMUL_FOR_SM90, shape, b_layout, activation, "none", ln)
+        plain = compiled_for_sm90(sm90, MATMUL_FOR_SM90, shape, b_layout, activation, "none", ln)
         loads = "mbarrier.arrive.expect_tx"  # a TMA load's byte count on its barrier
         assert ptx.count(loads) > plain.count(loads)
     if ln == "ln":
@@ -376,15 +415,18 @@ print(compiled.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("N,D,bias", [(2304, 64, "none"),   # 128x256 tiles (compact LLaMA)
-                                      (1152, 64, "bias"),   # 128x128 (Qwen2-0.5B, biased)
-                                      (12288, 128, "none")])
-def test_qkv_rotary_hopper_kernel_compiles_for_sm90(N, D, bias):
+QKV_ROTARY_SM90 = [(2304, 64, "none"),   # 128x256 tiles (compact LLaMA)
+                   (1152, 64, "bias"),   # 128x128 (Qwen2-0.5B, biased)
+                   (12288, 128, "none")]
+
+
+@pytest.mark.parametrize("N,D,bias", QKV_ROTARY_SM90)
+def test_qkv_rotary_hopper_kernel_compiles_for_sm90(sm90, N, D, bias):
     """Both schedules pick_hopper_config chooses, with the rotation's reshape/split of the wgmma
     accumulator, compile for an H100 without one: no spills, within shared memory, and no
     shuffles or shared-memory round trips beyond the C tile's (the halves pair up in
     registers)."""
-    ptx = compiled_for_sm90(QKV_ROTARY_FOR_SM90, str(N), str(D), bias)
+    ptx = compiled_for_sm90(sm90, QKV_ROTARY_FOR_SM90, str(N), str(D), bias)
     # warp_specialize's setup takes one ld.shared; a layout conversion through shared memory
     # would add a load per chunk of the tile, a shuffle-based one butterfly shuffles
     assert ptx.count("ld.shared") <= 1 and "shfl.sync.bfly" not in ptx
