@@ -46,11 +46,22 @@ def forged_record_scenario(root):
             "results_text": (repo / "results.tsv").read_text()}
 
 
-def killed_judge_scenario(root):
-    """A kept version; unconfined, a kernel kills the judge; then the agent's next kernel.py."""
-    repo = make_repo(root / "killed_judge", source_check=False)
+def kept_repo(root):
+    """A repo (no source check) whose kernel.py is kept: the scenarios below start from copies of
+    it, one bench.py run for all of them. Returns (the repo, that run)."""
+    repo = make_repo(root / "kept", source_check=False)
     (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
-    kept = run_bench(repo, "-m", "the kept version")
+    return repo, run_bench(repo, "-m", "the kept version")
+
+
+def copy_of(kept, name):
+    repo, run = kept
+    return shutil.copytree(repo, repo.parent / name, symlinks=True), run
+
+
+def killed_judge_scenario(root, kept):
+    """A kept version; unconfined, a kernel kills the judge; then the agent's next kernel.py."""
+    repo, kept = copy_of(kept, "killed_judge")
     before = {"head": git(repo, "rev-parse", "HEAD"),
               "results": (repo / "results.tsv").read_text()}
     shutil.copy(ATTACKS / "kills_the_judge.py", repo / "kernel.py")
@@ -62,12 +73,10 @@ def killed_judge_scenario(root):
             "branch": git(repo, "rev-list", "HEAD").split()}
 
 
-def confined_attacks_scenario(root, names):
+def confined_attacks_scenario(root, kept, names):
     """A kept version, then each attack in turn in the same repo, in the sandbox; $HOME and the
     stand-in for site-packages are folders of this test."""
-    repo = make_repo(root / f"confined_{names[0]}", source_check=False)
-    (repo / "kernel.py").write_text(variant(GOOD.read_text(), 1))
-    kept = run_bench(repo, "-m", "the kept version")
+    repo, kept = copy_of(kept, f"confined_{names[0]}")
     home, site = root / f"home_{names[0]}", root / f"site_{names[0]}"
     home.mkdir()
     site.mkdir()
@@ -93,14 +102,16 @@ CONFINED = (["kills_the_judge", "forges_crash_record", "writes_outside_the_repo"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("sandbox")
-    jobs = {"forged_record": (forged_record_scenario, root),
-            "killed_judge": (killed_judge_scenario, root)}
-    if LANDLOCK[0] is not None:
-        for names in CONFINED:
-            jobs[f"confined:{names[0]}"] = (confined_attacks_scenario, root, names)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        forged = pool.submit(forged_record_scenario, root)  # beside the kept repo's run
+        kept = kept_repo(root)
+        jobs = {"killed_judge": (killed_judge_scenario, root, kept)}
+        if LANDLOCK[0] is not None:
+            for names in CONFINED:
+                jobs[f"confined:{names[0]}"] = (confined_attacks_scenario, root, kept, names)
         futures = {name: pool.submit(job[0], *job[1:]) for name, job in jobs.items()}
-        return {name: future.result() for name, future in futures.items()}
+        return {"forged_record": forged.result(),
+                **{name: future.result() for name, future in futures.items()}}
 
 
 # ---- the sandbox ----------------------------------------------------------------------------
