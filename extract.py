@@ -222,6 +222,13 @@ def main(argv=None):
     candidates, skipped = merge_by_type(profile["entries"], types)
     for name, ktype, reason in skipped:
         print(f"extract: skipped {name} ({ktype}): {reason}")
+    regions = [e for e in profile["entries"] if e.get("group") == "region"]
+    if regions and not types:
+        top = ", ".join(f"{e['name']} {100 * e['share']:.1f}%" for e in regions[:3])
+        print(f"extract: {sum(e['share'] for e in regions):.1%} of op time is in "
+              f"{len(regions)} regions (the model's own code outside the kernel types; the "
+              f"largest: {top}): extract.py writes kernel files for the kernel types only, "
+              f"not yet for regions")
     if not candidates:
         return fail("extract.py", "no profiled op maps to a kernel type with known shapes"
                     + (f" among --types {args.types}" if types else ""), 1)

@@ -1,6 +1,8 @@
 """Regions (autokernel/regions.py): the model's own computation outside the kernel types, cut
 per module into convex pieces, grouped by what they compute, profiled, and written as standalone
 reference files that compute what the model computes."""
+import json
+
 import torch
 import torch.nn as nn
 
@@ -123,7 +125,7 @@ def test_a_constant_parameter_is_drawn_with_a_spread():
     assert ref.bn1_weight.std() > 0.01 and ref.bn1_running_mean.std() > 0.01
 
 
-def test_profile_ranks_regions_beside_the_kernel_types():
+def test_profile_ranks_regions_beside_the_kernel_types(tmp_path, capsys):
     result = profile_script.profile_model(trained_like(Net()), [torch.randn(2, 3, 8, 8)],
                                           torch.device("cpu"), torch.float32, warmup=0, iters=1,
                                           description="Net")
@@ -135,6 +137,15 @@ def test_profile_ranks_regions_beside_the_kernel_types():
     assert result["region_pct"] > 90  # convolutions: almost all of this model's time
     assert any(e["kernel_type"] == "matmul" for e in result["entries"])
     assert abs(sum(e["share"] for e in result["entries"]) - 1) < 1e-6
+    # extract.py says how much it leaves in regions, and writes the kernel types' files.
+    import extract
+    result.update(model="Net", model_args={})
+    (tmp_path / "profile.json").write_text(json.dumps(result))
+    extract.main(["--profile", str(tmp_path / "profile.json"), "--workspace", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"{result['region_pct']:.1f}% of op time is in {len(rows)} regions" in out, out
+    assert json.loads((tmp_path / "plan.json").read_text())["kernels"][0]["kernel_type"] == \
+        "matmul"
 
 
 def test_module_paths_read_as_named_modules_spells_them():
