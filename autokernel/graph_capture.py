@@ -91,7 +91,8 @@ def capture(model, inputs, skip=(), regions=None, origin=None):
 
 def _regions(gm, example_inputs, matches, model, regions, origin):
     """The graph's regions (recorded in `regions` by id, each instance's module path added)."""
-    cut = find_regions(gm, matches, type(model).__name__)
+    modules = {str(id(m)): name for name, m in model.named_modules()}
+    cut = find_regions(gm, matches, type(model).__name__, modules)
     names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
     seen = observe(gm, example_inputs, {a for r in cut for a in r.inputs}, names)
     for r in cut:

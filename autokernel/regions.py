@@ -52,12 +52,14 @@ class Region(Match):
         return self.note
 
 
-def owner_of(node):
+def owner_of(node, modules=None):
     """(path, class name) of the innermost module of the model's own code a call ran in; (None,
-    None) for code in the top-level forward."""
-    for path, cls in reversed(list((node.meta.get("nn_module_stack") or {}).values())):
+    None) for code in the top-level forward. modules: {str(id(module)): its name in the model},
+    the keys of Dynamo's module stack (a module reached through a closure or a lambda has its
+    own name there, not the way the forward reached it)."""
+    for key, (path, cls) in reversed(list((node.meta.get("nn_module_stack") or {}).items())):
         if isinstance(cls, type) and not cls.__module__.startswith("torch.nn"):
-            return module_path(path), cls.__name__
+            return (modules or {}).get(key, module_path(path)), cls.__name__
     return None, None
 
 
@@ -81,9 +83,10 @@ def _is_tensor_call(n):
     return isinstance(v, torch.Tensor)
 
 
-def find_regions(gm, matches, root="forward"):
+def find_regions(gm, matches, root="forward", modules=None):
     """Cut the calls of a captured graph that no match holds into convex regions (see the module
-    docstring). Returns [Region] in graph order, each with its signature and id."""
+    docstring; modules: as owner_of takes them). Returns [Region] in graph order, each with its
+    signature and id."""
     owner = {n: m for m in matches for n in m.nodes}
     deps, unit_of, regions, latest = {}, {}, [], {}
     for n in gm.graph.nodes:
@@ -96,7 +99,7 @@ def find_regions(gm, matches, root="forward"):
         if n in owner:
             unit_of[n] = owner[n]
         elif n.op != "output" and _is_tensor_call(n) and not _typed(n):
-            path, cls = owner_of(n)
+            path, cls = owner_of(n, modules)
             key = (path or "", cls or root)
             # The module's open region first (a branch of the same code joins it), else one
             # its inputs are in; either only where no input depends on it through another unit.

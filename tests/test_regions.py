@@ -37,13 +37,14 @@ class Net(nn.Module):
         self.stem = nn.Conv2d(3, c, 3, padding=1)
         self.blocks = nn.Sequential(BasicBlock(c), BasicBlock(c))
         self.wide = BasicBlock(2 * c)
-        self.fc = nn.Linear(2 * c, 10)
-        self.act = NewGELU()
+        self.head = nn.ModuleDict(dict(fc=nn.Linear(2 * c, 10), act=NewGELU()))
+        head = self.head
+        self.head_forward = lambda h: head.act(head.fc(h))  # minGPT's MLP, reached by a lambda
 
     def forward(self, x):
         h = self.blocks(torch.relu(self.stem(x)))
         h = self.wide(torch.cat([h, h], 1))
-        return self.act(self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1)))
+        return self.head_forward(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
 
 
 def trained_like(model):
@@ -82,6 +83,7 @@ def test_regions_are_cut_per_module_and_grouped_by_what_they_compute():
     assert "conv1_weight" in params and "bn2_running_var" in params
     # The written-out GELU is one region (its branches joined), the linear stays a matmul.
     (gelu,) = by_label["NewGELU"]
+    assert gelu["instances"] == ["head.act"]  # the module's name, not the lambda's way to it
     assert sorted(gelu["ops"]) == sorted(["mul", "pow", "mul", "add", "mul", "tanh", "add",
                                           "mul"])
     assert all("linear" not in r["ops"] for r in found.values())
