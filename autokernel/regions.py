@@ -11,7 +11,8 @@ captures; find_regions then cuts every call left over into regions:
   * within that module, a call joins the region of one of its inputs when that keeps the
     region convex (no path leaves the region and comes back into it), so every region can run
     as one block, which is what a kernel would replace; otherwise it starts a region;
-  * a region of views alone (a flatten) computes nothing and is left to the op names.
+  * a region of views alone (a flatten) computes nothing and is left to the op names; a copy
+    (contiguous, a cast) is work, and a region.
 Each region is described by what it computes (its calls in order, with their arguments, and
 every input's and output's shape, dtype and strides): the signature. Instances with the same
 signature compute the same thing at the same shapes (each with its own parameters) and are one
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
 
-from autokernel.fx_vocabulary import VIEWS, op
+from autokernel.fx_vocabulary import CASTS, VIEWS, op
 from autokernel.matches import Match, _movable
 from autokernel.recognize import OP_TABLE, REGION
 
@@ -116,7 +117,7 @@ def find_regions(gm, matches, root="forward", modules=None):
         deps[n] = frozenset(up)
     kept = []
     for r in regions:
-        if all(op(n) in VIEWS for n in r.nodes) or not _movable(r, gm.graph):
+        if all(op(n) in VIEWS - CASTS for n in r.nodes) or not _movable(r, gm.graph):
             continue
         _seal(r, gm.graph)
         kept.append(r)
@@ -177,7 +178,7 @@ def _meta(n):
 def ops_of(r):
     """The region's calls by name, in order: 'conv2d, batch_norm, add, relu'."""
     return [op(n) or str(n.target) for n in sorted(r.nodes, key=_position(r))
-            if op(n) not in VIEWS]
+            if op(n) not in VIEWS - CASTS]
 
 
 def _position(r):
