@@ -134,7 +134,7 @@ def _typed(n):
 
 
 def _seal(r, graph):
-    """Fill a region's inputs, outputs and signature; its id is the signature's first digits."""
+    """Fill a region's inputs, outputs, signature and id."""
     order = [n for n in graph.nodes if n in r.nodes]
     r.inputs = []
     for n in order:
@@ -159,8 +159,13 @@ def _seal(r, graph):
               for n in order]
     parts.append(tuple(names[n] for n in r.outs))
     r.signature = hashlib.sha1(repr(parts).encode()).hexdigest()
-    r.note = r.signature[:8]
+    r.note = region_id(r.signature)
     r.label = r.label.replace("::", ":")
+
+
+def region_id(signature):
+    """A region's short name: never all digits, which a profiler scope would read as a shape."""
+    return "r" + signature[:8]
 
 
 def _target_name(n):

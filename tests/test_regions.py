@@ -155,3 +155,13 @@ def test_module_paths_read_as_named_modules_spells_them():
     assert regions.module_path("getattr(L['self'].h, '0').attn") == "h.0.attn"
     assert regions.module_path("L['self'].blocks['a']") == "blocks.a"
     assert regions.module_path("L['self']") == ""
+
+
+def test_a_region_whose_signature_starts_with_digits_keeps_its_id():
+    """A scope's third field reads as a shape when it is all digits: a region's id never is."""
+    from types import SimpleNamespace
+    from autokernel.recognize import classify_event
+    region = regions.Region(regions.REGION, None, set(), label="Block")
+    region.note = regions.region_id("12345678" + "0" * 32)
+    assert classify_event(SimpleNamespace(name=region.scope, input_shapes=[]))[:3] == \
+        ("Block:r12345678", "region", None)
