@@ -6,8 +6,8 @@ a pooling head).
 profile.py's capture (autokernel/graph_capture.py) finds the kernel types in each graph Dynamo
 captures; find_regions then cuts every call left over into regions:
   * a call belongs to the innermost module of the model's own code it ran in (a module class
-    not from torch.nn: BasicBlock, NewGELU, the model itself for code in its forward), so a
-    region never spans two blocks a user wrote;
+    not from torch.nn: BasicBlock, NewGELU, the model itself for code in its forward) or
+    container (an nn.Sequential block), so a region never spans two blocks a user wrote;
   * within that module, a call joins the region of one of its inputs when that keeps the
     region convex (no path leaves the region and comes back into it), so every region can run
     as one block, which is what a kernel would replace; otherwise it starts a region;
@@ -35,6 +35,7 @@ from autokernel.recognize import OP_TABLE, REGION
 CONV = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
 BATCHED = {"bmm", "baddbmm", "einsum"}
 ATEN_NAMES = {"cross_entropy": "cross_entropy_loss"}  # the profiler's name where torch's differs
+CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 GEMM = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum"}
 
 
@@ -54,12 +55,14 @@ class Region(Match):
 
 
 def owner_of(node, modules=None):
-    """(path, class name) of the innermost module of the model's own code a call ran in; (None,
-    None) for code in the top-level forward. modules: {str(id(module)): its name in the model},
+    """(path, class name) of the innermost module of the model's own code a call ran in, or of
+    the innermost container (a model built of nn.Sequential blocks, as torchvision's MobileNetV2,
+    has no class of its own per block); (None, None) for code in the top-level forward. modules: {str(id(module)): its name in the model},
     the keys of Dynamo's module stack (a module reached through a closure or a lambda has its
     own name there, not the way the forward reached it)."""
     for key, (path, cls) in reversed(list((node.meta.get("nn_module_stack") or {}).items())):
-        if isinstance(cls, type) and not cls.__module__.startswith("torch.nn"):
+        if isinstance(cls, type) and (not cls.__module__.startswith("torch.nn")
+                                      or issubclass(cls, CONTAINERS)):
             return (modules or {}).get(key, module_path(path)), cls.__name__
     return None, None
 

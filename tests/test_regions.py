@@ -37,13 +37,15 @@ class Net(nn.Module):
         self.stem = nn.Conv2d(3, c, 3, padding=1)
         self.blocks = nn.Sequential(BasicBlock(c), BasicBlock(c))
         self.wide = BasicBlock(2 * c)
+        self.inverted = nn.Sequential(  # a block built as a Sequential, as MobileNetV2's are
+            nn.Conv2d(2 * c, 2 * c, 1), nn.BatchNorm2d(2 * c), nn.ReLU6())
         self.head = nn.ModuleDict(dict(fc=nn.Linear(2 * c, 10), act=NewGELU()))
         head = self.head
         self.head_forward = lambda h: head.act(head.fc(h))  # minGPT's MLP, reached by a lambda
 
     def forward(self, x):
         h = self.blocks(torch.relu(self.stem(x)))
-        h = self.wide(torch.cat([h, h], 1))
+        h = self.inverted(self.wide(torch.cat([h, h], 1)))
         return self.head_forward(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
 
 
@@ -87,6 +89,10 @@ def test_regions_are_cut_per_module_and_grouped_by_what_they_compute():
     assert sorted(gelu["ops"]) == sorted(["mul", "pow", "mul", "add", "mul", "tanh", "add",
                                           "mul"])
     assert all("linear" not in r["ops"] for r in found.values())
+    # A Sequential block is a region of its own, not part of the model's forward.
+    (inverted,) = by_label["Sequential"]
+    assert inverted["ops"] == ["conv2d", "batch_norm", "hardtanh"]
+    assert inverted["instances"] == ["inverted"]
     # The model's own forward: stem + relu, then (after the blocks) cat, then the pooling.
     own = [r["ops"] for r in by_label["Net"]]
     assert ["conv2d", "relu"] in own and any("adaptive_avg_pool2d" in ops for ops in own)
