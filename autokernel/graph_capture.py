@@ -40,9 +40,10 @@ def recognized_forward(model, inputs, say=print, skip=(), regions=None, origin=N
     """The forward to profile: the model under Dynamo with every match in its profiler scope
     (already run once, the capture); skip: patterns (by name) not to look for; regions: a dict
     to fill with the regions (autokernel/regions.py) of what no pattern matched, {id: record},
-    each also run in its scope (origin: the model's description, for their reference files). When capture fails, the model itself inside its module classes'
-    scopes, after one line saying so. Dynamo's caches are cleared afterwards: they would keep
-    this model's graphs, and after 8 of them Dynamo stops tracing that code."""
+    each also run in its scope (origin: the model's description, for their reference files).
+    When capture fails, the model itself inside its module classes' scopes, after one line
+    saying so. Dynamo's caches are cleared afterwards: they would keep this model's graphs, and
+    after 8 of them Dynamo stops tracing that code."""
     try:
         forward, matches = capture(model, inputs, skip, regions, origin)
     except Exception as e:  # noqa: BLE001  (any failure to trace leaves today's recognition)

@@ -41,8 +41,9 @@ GEMM = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum"}
 
 @dataclass(eq=False)
 class Region(Match):
-    """A Match of kind "region": its nodes in graph order, the values it reads from outside
-    (inputs: activations and the model's parameters) and those read outside it (outputs)."""
+    """A Match of kind "region": its nodes, the values it reads from outside (inputs:
+    activations and the model's parameters, in the order it first reads them) and those of its
+    own read outside it (outs), in graph order."""
     inputs: list = field(default_factory=list)
     outs: list = field(default_factory=list)
     module: str = ""            # the owning module's path in the model ("" for the model itself)
@@ -57,9 +58,10 @@ class Region(Match):
 def owner_of(node, modules=None):
     """(path, class name) of the innermost module of the model's own code a call ran in, or of
     the innermost container (a model built of nn.Sequential blocks, as torchvision's MobileNetV2,
-    has no class of its own per block); (None, None) for code in the top-level forward. modules: {str(id(module)): its name in the model},
-    the keys of Dynamo's module stack (a module reached through a closure or a lambda has its
-    own name there, not the way the forward reached it)."""
+    has no class of its own per block); (None, None) for code in the top-level forward.
+    modules: {str(id(module)): its name in the model}, the keys of Dynamo's module stack (a
+    module reached through a closure or a lambda has its own name there, not the way the
+    forward reached it)."""
     for key, (path, cls) in reversed(list((node.meta.get("nn_module_stack") or {}).items())):
         if isinstance(cls, type) and (not cls.__module__.startswith("torch.nn")
                                       or issubclass(cls, CONTAINERS)):
@@ -173,7 +175,9 @@ def region_id(signature):
 
 def _target_name(n):
     t = n.target
-    return t if isinstance(t, str) else f"{getattr(t, '__module__', '')}.{getattr(t, '__name__', t)}"
+    if isinstance(t, str):
+        return t
+    return f"{getattr(t, '__module__', '')}.{getattr(t, '__name__', t)}"
 
 
 def _meta(n):
@@ -321,10 +325,10 @@ def _stats(t):
 
 def _draw(shape, dtype, stats):
     shape = tuple(shape)
-    if "low" in stats:
-        return f"torch.randint({stats['low']}, {stats['high']}, {shape}, dtype=torch.{dtype})"
     if dtype == "bool":
         return f"torch.rand({shape}) < 0.5"
+    if "low" in stats:
+        return f"torch.randint({stats['low']}, {stats['high']}, {shape}, dtype=torch.{dtype})"
     draw = f"torch.randn({shape}) * {stats['std']} + {stats['mean']}"
     return f"({draw}).abs()" if stats["positive"] else draw
 

@@ -63,10 +63,14 @@ def trained_like(model):
 
 
 def captured(model, x):
+    return captured_with(model, (x,))
+
+
+def captured_with(model, inputs):
     found = {}
-    with torch.no_grad(), graph_capture.recognized_forward(model, (x,), say=lambda m: None,
+    with torch.no_grad(), graph_capture.recognized_forward(model, inputs, say=lambda m: None,
                                                            regions=found, origin="Net") as fwd:
-        out = fwd(x)
+        out = fwd(*inputs)
     return found, out
 
 
@@ -171,3 +175,19 @@ def test_a_region_whose_signature_starts_with_digits_keeps_its_id():
     region.note = regions.region_id("12345678" + "0" * 32)
     assert classify_event(SimpleNamespace(name=region.scope, input_shapes=[]))[:3] == \
         ("Block:r12345678", "region", None)
+
+
+def test_a_reference_draws_masks_and_indices_of_their_own_kind():
+    class Masked(nn.Module):
+        def forward(self, x, mask, index):
+            return torch.relu(x.masked_fill(mask, 0.0))[index] + 1
+
+    x, mask, index = torch.randn(6, 4), torch.rand(6, 4) < 0.5, torch.tensor([0, 5, 2])
+    found, _ = captured_with(Masked(), (x, mask, index))
+    (record,) = found.values()
+    problem = {}
+    exec(compile(record["reference"], "region.py", "exec"), problem)
+    inputs = problem["get_inputs"]()
+    assert [t.dtype for t in inputs] == [torch.float32, torch.bool, torch.int64]
+    assert int(inputs[2].min()) >= 0 and int(inputs[2].max()) <= 5  # the real indices' range
+    assert problem["Model"]()(*inputs).shape == (3, 4)
