@@ -249,12 +249,16 @@ def _roofline(ktype_name, shape_detail, dtype, time_us, ceilings):
     ktype = KERNEL_TYPES[ktype_name]
     flops = sum(ktype.flops(d["shape"], **d["variant"]) * d["calls"] for d in shape_detail)
     nbytes = sum(ktype.bytes(d["shape"], dtype) * d["calls"] for d in shape_detail)
-    ridge = ceilings["tflops"] * 1e12 / (ceilings["bandwidth_gb_s"] * 1e9)  # FLOP per byte
-    bound = "compute" if nbytes and flops / nbytes >= ridge else "memory"
     floor_us = sum(autokernel.roofline(ktype, d["shape"], dtype, d["time_us"] / d["calls"],
                                        ceilings, d["variant"])["floor_us"] * d["calls"]
                    for d in shape_detail)
-    return bound, (100.0 * floor_us / time_us if time_us > 0 else None)
+    return _bound(flops, nbytes, ceilings), (100.0 * floor_us / time_us if time_us > 0 else None)
+
+
+def _bound(flops, nbytes, ceilings):
+    """"compute" when the FLOPs per byte reach the ceilings' ridge point, else "memory"."""
+    ridge = ceilings["tflops"] * 1e12 / (ceilings["bandwidth_gb_s"] * 1e9)  # FLOP per byte
+    return "compute" if nbytes and flops / nbytes >= ridge else "memory"
 
 
 def add_region(entry, record, ceilings):
@@ -264,9 +268,7 @@ def add_region(entry, record, ceilings):
     entry["shapes"] = [i["shape"] for i in record["inputs"][:1] if i]
     if ceilings is None:
         return
-    ridge = ceilings["tflops"] * 1e12 / (ceilings["bandwidth_gb_s"] * 1e9)
-    entry["bound"] = "compute" if record["bytes"] and \
-        record["flops"] / record["bytes"] >= ridge else "memory"
+    entry["bound"] = _bound(record["flops"], record["bytes"], ceilings)
     floor_us = max(record["flops"] / (ceilings["tflops"] * 1e6),
                    record["bytes"] / (ceilings["bandwidth_gb_s"] * 1e3)) * entry["calls"]
     entry["pct_of_roofline"] = 100.0 * floor_us / entry["time_us"] if entry["time_us"] else None

@@ -191,3 +191,17 @@ def test_a_reference_draws_masks_and_indices_of_their_own_kind():
     assert [t.dtype for t in inputs] == [torch.float32, torch.bool, torch.int64]
     assert int(inputs[2].min()) >= 0 and int(inputs[2].max()) <= 5  # the real indices' range
     assert problem["Model"]()(*inputs).shape == (3, 4)
+
+
+def test_a_regions_bound_and_roofline_come_from_its_flops_and_bytes():
+    """On a GPU (ceilings measured): 1 GFLOP over 1 MB is compute-bound at 100 TFLOP/s and
+    1,000 GB/s (ridge: 100 FLOP a byte); its floor is 10 us a call, so 2 calls in 40 us reach
+    50% of the roofline."""
+    entry = {"time_us": 40.0, "calls": 2, "bound": "n/a", "pct_of_roofline": None}
+    record = {"flops": 1e9, "bytes": 1e6, "inputs": [{"shape": [4, 8]}]}
+    profile_script.add_region(entry, record, {"tflops": 100.0, "bandwidth_gb_s": 1000.0})
+    assert entry["bound"] == "compute" and entry["pct_of_roofline"] == 50.0
+    assert entry["shapes"] == [[4, 8]] and entry["region"] is record
+    profile_script.add_region(entry, dict(record, flops=1e6), {"tflops": 100.0,
+                                                               "bandwidth_gb_s": 1000.0})
+    assert entry["bound"] == "memory" and entry["pct_of_roofline"] == 5.0  # 1 us a call
