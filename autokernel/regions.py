@@ -44,6 +44,7 @@ class Region(Match):
     """A Match of kind "region": its nodes, the values it reads from outside (inputs:
     activations and the model's parameters, in the order it first reads them) and those of its
     own read outside it (outs), in graph order."""
+    order: list = field(default_factory=list)   # its nodes in graph order
     inputs: list = field(default_factory=list)
     outs: list = field(default_factory=list)
     module: str = ""            # the owning module's path in the model ("" for the model itself)
@@ -140,7 +141,7 @@ def _typed(n):
 
 def _seal(r, graph):
     """Fill a region's inputs, outputs, signature and id."""
-    order = [n for n in graph.nodes if n in r.nodes]
+    r.order = order = [n for n in graph.nodes if n in r.nodes]
     r.inputs = []
     for n in order:
         for a in n.all_input_nodes:
@@ -189,13 +190,7 @@ def _meta(n):
 
 def ops_of(r):
     """The region's calls by name, in order: 'conv2d, batch_norm, add, relu'."""
-    return [op(n) or str(n.target) for n in sorted(r.nodes, key=_position(r))
-            if op(n) not in VIEWS - CASTS]
-
-
-def _position(r):
-    order = {n: i for i, n in enumerate(r.output.graph.nodes)}
-    return order.__getitem__
+    return [op(n) or str(n.target) for n in r.order if op(n) not in VIEWS - CASTS]
 
 
 def flops(r):
@@ -290,7 +285,7 @@ def region_module(r):
     for i, a in enumerate(r.inputs):
         env[a] = graph.placeholder(f"in{i}")
         env[a].meta = dict(a.meta)
-    for n in sorted(r.nodes, key=_position(r)):
+    for n in r.order:
         env[n] = graph.node_copy(n, env.__getitem__)
     outs = [env[n] for n in r.outs]
     graph.output(outs[0] if len(outs) == 1 else tuple(outs))
