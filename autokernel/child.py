@@ -39,6 +39,7 @@ shapes, inputs left unmodified, determinism, latency) is judged by the judge.
 import base64
 import ctypes
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -109,8 +110,15 @@ def serve(conn, kernel_path, log_path, source=None, confinement=None):
                 pass
         msg = conn.recv()
         if msg[0] == "stop":
-            return
+            break
         send({"status": "pong"} if msg[0] == "ping" else getattr(runner, msg[0])(*msg[1:]))
+    # Release the judge's shared tensors (CUDA IPC counts their users), then go without the
+    # interpreter's teardown: nothing is left to flush, and unloading torch takes ~0.3 s, which
+    # the judge waits out for every child.
+    del runner
+    gc.collect()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 class Runner:

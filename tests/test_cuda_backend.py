@@ -123,17 +123,18 @@ REGISTER_BUDGETS = {  # file -> [(mangled-name fragment, most registers or None)
 }
 
 
-def _nvcc(stem, folder, arch, *flags):
-    """nvcc -c on one CUDA starter's source, built the way cuda_build builds it for `arch`."""
+def _nvcc_device(stem, folder, arch):
+    """nvcc -cubin on one CUDA starter's source: its device code, built with cuda_build's flags
+    for `arch` (the host side is the same on every arch, and the sm_90a builds compile it)."""
     text = (CUDA_DIR / f"{stem}.py").read_text()
     source = folder / f"{stem}_{arch}.cu"
     source.write_text(re.search(r'CUDA_SRC = r"""(.*?)"""', text, re.S).group(1))
     nvcc = cuda_build.find_cuda_home() / "bin" / "nvcc"
     target = [f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-DAUTOKERNEL_SM={arch.rstrip('a')}"]
-    proc = subprocess.run([str(nvcc), *cuda_build.FLAGS, *target, *flags, "-c", str(source),
-                           "-o", str(folder / f"{stem}_{arch}.o")], capture_output=True, text=True)
+    proc = subprocess.run([str(nvcc), *cuda_build.FLAGS, *target, "-cubin", str(source),
+                           "-o", str(folder / f"{stem}_{arch}.cubin")], capture_output=True,
+                          text=True)
     assert proc.returncode == 0, f"kernels/cuda/{stem}.py for sm_{arch}: {proc.stderr[-2000:]}"
-    return proc
 
 
 @needs_nvcc
@@ -157,7 +158,7 @@ def test_cuda_starters_compile_for_ampere_too(tmp_path):
     """sm_80 (A100) has no clusters, TMA or wgmma: those paths must compile away there, leaving
     the mma.sync and CUDA-core ones (AUTOKERNEL_CUDA_ARCH=80 builds this way)."""
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda stem: _nvcc(stem, tmp_path, "80"), autokernel.KERNEL_TYPE_NAMES))
+        list(pool.map(lambda stem: _nvcc_device(stem, tmp_path, "80"), autokernel.KERNEL_TYPE_NAMES))
 
 
 @needs_nvcc
