@@ -55,12 +55,13 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
     ops            list   the profile entries merged into it, e.g. ["aten::linear", "aten::matmul"]
 """
 import argparse
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import autokernel
-from autokernel import KERNEL_TYPES
+from autokernel import KERNEL_TYPES, region_starter, state
 from autokernel.cli import ArgumentParser, UsageError, fail, run_main
 from autokernel.contract import kernel_source, read_attrs, shape_list
 from autokernel.results import rel
@@ -188,6 +189,71 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
             "bound": candidate["bound"], "ops": candidate["ops"], "backend": backend}
 
 
+def region_candidates(entries):
+    """The profile's regions that have a reference (a standalone problem file), most time
+    first, as candidates beside the merged kernel types."""
+    return [{"region": e["region"], "name": e["name"], "time_us": e["time_us"],
+             "share": e["share"], "bound": e.get("bound", "n/a"), "shapes": e.get("shapes", [])}
+            for e in entries if e.get("group") == "region" and (e.get("region") or {}).get(
+                "reference")]
+
+
+def write_region(candidate, rank, profile, workspace, force):
+    """Write the region's reference (workspace/regions/<label>_<id>.py, the oracle) and its
+    kernel file (workspace/<label>_<rank>.py: region_starter's starter, under the region
+    kind's contract); returns the plan row. Raises UsageError (one line), StarterError."""
+    region = candidate["region"]
+    label = re.sub(r"\W", "_", region["label"]).lower()
+    problem = Path(workspace) / "regions" / f"{region['label']}_{region['id']}.py"
+    if not problem.exists() or problem.read_text() != region["reference"]:
+        write_kernel_file(problem, region["reference"])  # the frozen oracle (no agent edits it)
+    name = f"{label}_{rank}"
+    path = Path(workspace) / f"{name}.py"
+    instances = region["instances"]
+    where = ", ".join(i or "the forward" for i in instances[:4]) + \
+        (f" (+{len(instances) - 4} more)" if len(instances) > 4 else "")
+    header = {"doc": REGION_DOC.format(
+        name=candidate["name"], model=profile["model"], ops=", ".join(region["ops"]),
+        where=where, share=100 * candidate["share"]).strip("\n"),
+        "contract": "\n".join([
+            f'KERNEL_TYPE = "region"', f"KERNEL_NAME = {name!r}",
+            f"KERNELBENCH_PROBLEM = {rel(problem)!r}  # the region's reference: the oracle",
+            f"KERNELBENCH_SHA256 = {state.digest(problem.read_bytes())!r}",
+            f"BENCH_DTYPE = {profile['dtype']!r}  # the dtype the model ran in"])}
+    source = region_starter.starter_source(problem, header)
+    if path.exists() and path.read_text() != source and not force:
+        raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
+                         "to overwrite, skipped")
+    write_kernel_file(path, source)
+    share = candidate["share"]
+    return {"rank": rank, "name": name, "kernel_type": "region", "file": rel(path),
+            "shapes": candidate["shapes"], "bench_shapes": [], "dtype": profile["dtype"],
+            "variant": {}, "share": share, "time_us": candidate["time_us"],
+            "amdahl_ceiling": 1.0 / (1.0 - share) if share < 1.0 else None,
+            "bound": candidate["bound"], "ops": region["ops"], "backend": "triton",
+            "region": {"id": region["id"], "label": region["label"], "instances": instances,
+                       "problem": rel(problem)}}
+
+
+REGION_DOC = """
+Region {name} of {model}: {ops}; in {where}; {share:.1f}% of the model's op time.
+
+extract.py wrote this starter from the region's reference (KERNELBENCH_PROBLEM, frozen from the
+model's graph by profile.py): the convolutions and GEMMs are the vendor libraries' (cuDNN,
+cuBLAS), made as the reference makes them, and every run of elementwise ops between them is one
+fused Triton kernel (_fused_<n>: one pass over memory, computed in fp32). That is what
+torch.compile makes of a region too; the night's work is to go past it: fold an eval-mode
+BatchNorm into the weights once in __init__, fuse the elementwise tail into the GEMM or
+convolution (your own Triton GEMM or convolution with an epilogue), keep activations in fp16.
+
+The rules (autokernel/region_kind.py): ModelNew.__init__ draws the reference's parameters in the
+same order (the judge builds Model and ModelNew under one seed), and its forward may call the
+libraries' convolutions and GEMMs (torch.conv*, F.linear, torch.matmul, mm, bmm, addmm, baddbmm;
+the verdict names each call); any other torch compute op there is refused: the rest is this
+file's own Triton or CUDA.
+"""
+
+
 def brief(shapes, most=3):
     more = f" (+{len(shapes) - most} more)" if len(shapes) > most else ""
     return shape_list(shapes[:most]) + more
@@ -196,7 +262,8 @@ def brief(shapes, most=3):
 def main(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--top", type=int, default=5, help="how many kernel types (default 5)")
+    parser.add_argument("--top", type=int, default=5, help="how many kernels: kernel types and regions, most time first "
+                             "(default 5)")
     parser.add_argument("--types", default=None,
                         help="only these kernel types, comma-separated, e.g. softmax,matmul")
     parser.add_argument("--profile", default=str(autokernel.PROFILE_JSON),
@@ -222,13 +289,9 @@ def main(argv=None):
     candidates, skipped = merge_by_type(profile["entries"], types)
     for name, ktype, reason in skipped:
         print(f"extract: skipped {name} ({ktype}): {reason}")
-    regions = [e for e in profile["entries"] if e.get("group") == "region"]
-    if regions and not types:
-        top = ", ".join(f"{e['name']} {100 * e['share']:.1f}%" for e in regions[:3])
-        print(f"extract: {sum(e['share'] for e in regions):.1%} of op time is in "
-              f"{len(regions)} regions (the model's own code outside the kernel types; the "
-              f"largest: {top}): extract.py writes kernel files for the kernel types only, "
-              f"not yet for regions")
+    if not types and args.backend == "triton":  # regions rank beside the types, by share
+        candidates = sorted(candidates + region_candidates(profile["entries"]),
+                            key=lambda c: -c["share"])
     if not candidates:
         return fail("extract.py", "no profiled op maps to a kernel type with known shapes"
                     + (f" among --types {args.types}" if types else ""), 1)
@@ -237,8 +300,16 @@ def main(argv=None):
     # A candidate keeps its rank (and so its file name) whatever happens to the others.
     for rank, candidate in enumerate(candidates[:args.top], start=1):
         try:
-            row = write_kernel(candidate, rank, profile, kernels_dir,
-                               args.workspace, args.force, cpu=cpu, backend=args.backend)
+            if "region" in candidate:
+                row = write_region(candidate, rank, profile, args.workspace, args.force)
+            else:
+                row = write_kernel(candidate, rank, profile, kernels_dir,
+                                   args.workspace, args.force, cpu=cpu, backend=args.backend)
+        except region_starter.StarterError as e:
+            print(f"extract: skipped region {candidate['name']} "
+                  f"({100 * candidate['share']:.1f}%): {e}; its reference is in "
+                  f"{rel(Path(args.workspace) / 'regions')}/")
+            continue
         except UsageError as e:
             failed += 1
             kept += isinstance(e, WorkExists)
@@ -248,7 +319,7 @@ def main(argv=None):
         print(f"{row['rank']}. {row['file']:<34} {100 * row['share']:5.1f}% of op time, "
               f"Amdahl ceiling {row['amdahl_ceiling'] or float('inf'):.2f}x, {row['bound']}, "
               f"shapes {brief(row['shapes'])}"
-              + (f" (CPU: {brief(row['bench_shapes'])})" if cpu else ""))
+              + (f" (CPU: {brief(row['bench_shapes'])})" if cpu and row["bench_shapes"] else ""))
 
     plan_path = Path(args.workspace) / autokernel.PLAN_JSON.name
     if kept:  # kernel files hold other work (a night in progress): its plan stays as it was

@@ -21,10 +21,13 @@ judge):
                                          graph replayed, else each output copied into its slot),
                                          a device sync; the judge times this request with its
                                          own clock and then reads every output
-    ("build", init_args, seed, dtype)  -> {"status": "built"} | {"status": "raised", ...}: a
+    ("build", init_args, seed, dtype, library)
+                                      -> {"status": "built"} | {"status": "raised", ...}: a
                                          KernelBench kernel file's ModelNew(*init_args), built
                                          under the judge's seed (autokernel/kernelbench.py);
-                                         its forward is the kernel_fn of the calls after it
+                                         its forward is the kernel_fn of the calls after it,
+                                         which may call the aten ops in `library` (a region's
+                                         GEMMs and convolutions): each call's reply counts them
     ("stop",)
 
 Before the kernel file is imported this process confines itself (autokernel/sandbox.py): it
@@ -132,8 +135,9 @@ class Runner:
         self.Guard = make_guard()
         self.sets = self.slots = self.graph = self.outs = None  # the timing's windows
         self.previous = None  # the last call's output: one reused for new inputs is a cache
+        self.library = frozenset()  # aten ops the guard lets through (and counts)
 
-    def build(self, init_args, seed, dtype):
+    def build(self, init_args, seed, dtype, library=()):
         """ModelNew(*init_args) as KernelBench builds it: on the CPU under the judge's seed (the
         judge builds the problem's Model the same way, so parameters created in the same order
         match), then moved to the device and dtype. Its forward, given the inputs in order and
@@ -156,11 +160,11 @@ class Runner:
         def forward(**inputs):
             with torch.no_grad():
                 return model(*inputs.values())
-        self.fn, self.previous = forward, None
+        self.fn, self.previous, self.library = forward, None, frozenset(library)
         return {"status": "built"}
 
     def call(self, inputs, poison, buffer):
-        guard = self.Guard(poison)
+        guard = self.Guard(poison, self.library)
         try:
             with guard:
                 out = self.fn(**inputs)
@@ -178,6 +182,8 @@ class Runner:
             and overlaps(out, self.previous)
         self.previous = out
         reply = dict(self.deliver(out, inputs, buffer), reused=reused)
+        if guard.library_calls:
+            reply["library"] = dict(guard.library_calls)
         if self.cuda:  # the judge's oracle shares the GPU: hand back what this call freed
             self.torch.cuda.empty_cache()
         return reply
@@ -318,13 +324,16 @@ def make_guard():
             # call imports all of dynamo (~900 modules, seconds). Nothing here is compiled.
             return False
 
-        def __init__(self, poison):
+        def __init__(self, poison, library=frozenset()):
             super().__init__()
-            self.poison, self.violation = poison, None
+            self.poison, self.violation, self.library = poison, None, library
+            self.library_calls = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.overloadpacket.__name__
-            if func.namespace in ("aten", "prims") and name not in ALLOWED_OPS \
+            if name in self.library and func.namespace == "aten":
+                self.library_calls[name] = self.library_calls.get(name, 0) + 1
+            elif func.namespace in ("aten", "prims") and name not in ALLOWED_OPS \
                     and not from_triton():
                 # Remember it: a kernel that swallows the exception is still caught.
                 self.violation = self.violation or f"{func.namespace}.{name}"

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 import autokernel as ak
-from autokernel import contract, gate, kinds, results, sandbox, source_check, state, workspace
+from autokernel import (contract, gate, kinds, region_kind, results, sandbox, source_check, state,
+                        workspace)
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
 from autokernel.judge import (COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
@@ -399,6 +400,8 @@ def verdict(row, outcome, quick=False):
         text += f"; {outcome['keep_why']}"
     if row["reason"]:
         text += f"; {row['reason']}"
+    if outcome.get("library_calls"):
+        text += f"; library calls a forward: {region_kind.describe_calls(outcome['library_calls'])}"
     if not outcome.get("timing_valid"):
         text += " (timings not meaningful: CPU interpreter)"
     if quick:

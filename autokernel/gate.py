@@ -83,6 +83,8 @@ def check(runner, plan, quick=False, on_stage=None, log=None, judge_class=None):
         log(f"stage_{number}_{stage}: PASS ({checks} check{'s' * (checks != 1)}, "
             f"{time.perf_counter() - started:.2f} s)")
     result["checks"] = judge.checks
+    if getattr(judge, "library_calls", None):  # a region kernel's GEMMs and convolutions
+        result["library_calls"] = judge.library_calls
     if not result["failed_stage"]:
         result["correctness"] = "PASS"
     return result

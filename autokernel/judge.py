@@ -115,9 +115,9 @@ class ChildRunner:
     def ping(self):
         return self.request(("ping",))
 
-    def build(self, init_args, seed, dtype):
+    def build(self, init_args, seed, dtype, library=()):
         self.at("building ModelNew")
-        return self.request(("build", init_args, seed, dtype))
+        return self.request(("build", init_args, seed, dtype, list(library)))
 
     def request(self, message, spin=False):
         try:

@@ -375,6 +375,7 @@ class ProblemJudge(gate.Judge):
     in this process. The gate's call, reply and poison checks are reused as they are."""
     callee = "ModelNew.forward"
     not_applicable = {"edge": "a KernelBench problem fixes its shapes (get_inputs)"}
+    library = ()  # aten ops ModelNew may call (a region's: autokernel/region_kind.py)
 
     def __init__(self, runner, plan, on_stage, log=None):
         self.runner, self.on_stage = runner, on_stage
@@ -433,7 +434,8 @@ class ProblemJudge(gate.Judge):
         with judge_side(f"{name}, model seed {seed}"):
             model, init_args = self.problem.build(seed, dtype)
             oracle = copy.deepcopy(model).double() if kind == "float64" else model
-        reply = self.runner.build(init_args, seed, str(dtype).replace("torch.", ""))
+        reply = self.runner.build(init_args, seed, str(dtype).replace("torch.", ""),
+                                  self.library)
         if reply.get("status") != "built":
             error = reply.get("error", reply.get("status"))
             if reply.get("kind") == "device":

@@ -1,7 +1,9 @@
 """
 The kinds of problem the judge knows. A kernel file's KERNEL_TYPE names its kind: one of the
-table's kernel types (kernel_fn against autokernel/reference.py's float64 oracle, this module) or
-"kernelbench" (ModelNew against a KernelBench problem's Model, autokernel/kernelbench.py). The
+table's kernel types (kernel_fn against autokernel/reference.py's float64 oracle, this module),
+"kernelbench" (ModelNew against a KernelBench problem's Model, autokernel/kernelbench.py) or
+"region" (ModelNew against a region's reference, library GEMMs and convolutions allowed:
+autokernel/region_kind.py). The
 judge (autokernel/experiment.py, autokernel/judge.py, autokernel/gate.py) asks the kind and never
 branches on it:
 
@@ -19,7 +21,7 @@ branches on it:
 import sys
 
 import autokernel as ak
-from autokernel import baselines, contract, gate, kernelbench, timing
+from autokernel import baselines, contract, gate, kernelbench, region_kind, timing
 from autokernel.cli import one_line
 
 
@@ -75,7 +77,7 @@ class KernelTypeKind:
 
 KERNEL_TYPE = KernelTypeKind()
 # KERNEL_TYPE values that are a kind of their own; any other value is a kernel type's name.
-KINDS = {"kernelbench": kernelbench.KIND}
+KINDS = {"kernelbench": kernelbench.KIND, "region": region_kind.KIND}
 
 
 def of(kernel_type):

@@ -330,10 +330,12 @@ def _draw(shape, dtype, stats):
 
 def attribute_name(param, module):
     """A model parameter's name inside the region's Model: relative to the region's module
-    ("conv.weight" of "layer1.0" -> conv_weight), else its whole dotted path."""
+    ("conv.weight" of "layer1.0" -> conv_weight), else its whole dotted path; an identifier
+    either way."""
     if module and param.startswith(module + "."):
         param = param[len(module) + 1:]
-    return re.sub(r"\W", "_", param)
+    name = re.sub(r"\W", "_", param)
+    return f"m{name}" if name[:1].isdigit() else name  # a Sequential's "0.weight": m0_weight
 
 
 def reference_source(r, seen, origin):

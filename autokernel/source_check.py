@@ -13,6 +13,9 @@ modules only those of ALLOWED_MODULES, and files of the repo it imports (kernels
 are read by the same rules. A tensor method that computes (x.sum(), x @ y, x.float()) is refused
 where the receiver is evidently a tensor: a function's parameter, a torch allocation, or what is
 computed from them; inside @triton.jit functions (Triton's tensors) methods are Triton's own.
+Two places take more: a class's __init__ may do tensor math (a ModelNew draws its parameters
+there, once, outside the op guard), and a region's kernel file (KERNEL_TYPE = "region") may
+call the libraries' convolutions and GEMMs (REGION_LIBRARY), which its guard lets through.
 
 This is a line of defence beside the child's op guard (autokernel/child.py): the guard sees the
 ops a kernel runs, this sees the code that would reach past the guard (switching it off, patching
@@ -58,6 +61,17 @@ ALLOWED_TORCH = frozenset(
                                  "Embedding", "EmbeddingBag")]
     # the CUDA backend's compile (autokernel/cuda_build.py wraps it)
     + ["torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"])
+# What a region's kernel file (KERNEL_TYPE = "region") may also call: the vendor libraries'
+# convolutions and GEMMs, which its op guard lets through and counts (autokernel/region_kind.py).
+REGION_LIBRARY = frozenset(
+    ["torch." + n for n in ("conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                            "conv_transpose2d", "conv_transpose3d", "matmul", "mm", "bmm",
+                            "addmm", "baddbmm")]
+    + ["torch.nn.functional." + n for n in ("conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                                            "conv_transpose2d", "conv_transpose3d", "linear")])
+# Uses that are tensor math, allowed in a class's __init__: a ModelNew draws and shapes its
+# parameters there once, and the child builds it outside the op guard (autokernel/child.py).
+TENSOR_MATH = ("method", "operator", "computing")
 TORCH_ALLOCATIONS = frozenset(p for p in ALLOWED_TORCH if p.split(".")[1] in (
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
     "full_like", "arange", "tensor", "randn", "rand", "randint"))
@@ -304,14 +318,23 @@ class Reader(ast.NodeVisitor):
         self.bound = {}      # name -> the module path an import or alias binds it to
         self.defined = set()  # every name the file binds (what is left is a builtin)
         self.scopes = [Scope(self, jit=False)]
+        self.library = frozenset()  # REGION_LIBRARY in a region's kernel file
 
     def use(self, kind, what, node):
+        if (kind in TENSOR_MATH and self.scopes[-1].init) or \
+                (kind == "chain" and what in self.library):
+            return
         self.uses.append(Use(kind, what, getattr(node, "lineno", 0),
                              getattr(node, "col_offset", 0)))
 
     # -- the file's bindings, read once before the walk
 
     def visit_Module(self, node):
+        for sub in node.body:
+            if isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and
+                                                   t.id == "KERNEL_TYPE" for t in sub.targets) \
+                    and isinstance(sub.value, ast.Constant) and sub.value.value == "region":
+                self.library = REGION_LIBRARY
         for sub in ast.walk(node):
             if isinstance(sub, (ast.Import, ast.ImportFrom)):
                 for alias in sub.names:
@@ -527,6 +550,7 @@ class Reader(ast.NodeVisitor):
         owner = params[0] if outer.in_class and params else None
         scope = Scope(self, jit=jit, parent=outer, params=set(params) - {owner},
                       owner=owner)
+        scope.init = outer.in_class and node.name == "__init__"
         scope.collect(node.body)
         self.scopes.append(scope)
         for statement in node.body:
@@ -559,7 +583,7 @@ class Scope:
 
     def __init__(self, reader, jit, parent=None, params=(), owner=None, in_class=False):
         self.reader, self.jit, self.parent = reader, jit, parent
-        self.owner, self.in_class = owner, in_class
+        self.owner, self.in_class, self.init = owner, in_class, False
         self.sure, self.maybe = set(), set(params)
 
     def collect(self, body):

@@ -86,7 +86,8 @@ PLAN_HINT = "run `uv run profile.py` and `uv run extract.py` first"
 
 
 def read_plan(path=PLAN_JSON):
-    """plan.json, checked: every kernel has a unique name, a known type, a file and a share."""
+    """plan.json, checked: every kernel has a unique name, a known type (or "region"), a file
+    and a share."""
     plan = read_json(path, PLAN_HINT, "an extract.py plan")
     kernels = plan.get("kernels")
     if not kernels or not isinstance(kernels, list):
@@ -98,7 +99,7 @@ def read_plan(path=PLAN_JSON):
         if missing:
             raise UsageError(f"{rel(path)}: kernel #{i + 1} lacks {', '.join(missing)}: "
                              f"re-run `uv run extract.py`")
-        if k["kernel_type"] not in KERNEL_TYPE_NAMES:
+        if k["kernel_type"] not in KERNEL_TYPE_NAMES and k["kernel_type"] != "region":
             raise UsageError(f"{rel(path)}: kernel {k['name']!r} has unknown type "
                              f"{k['kernel_type']!r}: re-run `uv run extract.py`")
         if not isinstance(k["share"], (int, float)) or not 0 <= k["share"] <= 1:

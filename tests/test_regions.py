@@ -149,15 +149,14 @@ def test_profile_ranks_regions_beside_the_kernel_types(tmp_path, capsys):
     assert result["region_pct"] > 90  # convolutions: almost all of this model's time
     assert any(e["kernel_type"] == "matmul" for e in result["entries"])
     assert abs(sum(e["share"] for e in result["entries"]) - 1) < 1e-6
-    # extract.py says how much it leaves in regions, and writes the kernel types' files.
+    # extract.py ranks the regions beside the types: the blocks first (almost all the time)
     import extract
     result.update(model="Net", model_args={})
     (tmp_path / "profile.json").write_text(json.dumps(result))
     extract.main(["--profile", str(tmp_path / "profile.json"), "--workspace", str(tmp_path)])
-    out = capsys.readouterr().out
-    assert f"{result['region_pct']:.1f}% of op time is in {len(rows)} regions" in out, out
-    assert json.loads((tmp_path / "plan.json").read_text())["kernels"][0]["kernel_type"] == \
-        "matmul"
+    kinds = [k["kernel_type"] for k in json.loads((tmp_path / "plan.json").read_text())[
+        "kernels"]]
+    assert kinds[0] == "region", kinds
 
 
 def test_module_paths_read_as_named_modules_spells_them():

@@ -1,0 +1,473 @@
+"""
+A region's starter kernel file, written from its reference (the KernelBench-format problem
+profile.py froze, autokernel/regions.py). The reference's forward is traced with torch.fx and
+each call sorted into
+  * a library call: convolutions and GEMMs, made as the reference makes them (cuDNN, cuBLAS:
+    what inductor calls for them too); the region kind allows exactly these
+    (autokernel/region_kind.py) and the verdict names them;
+  * a view (reshape, permute, flatten, ...): no work, kept as it is;
+  * an elementwise op (arithmetic, activations, an eval-mode BatchNorm or dropout, casts and
+    copies): neighbouring ones are fused into one Triton kernel that loads each input once,
+    computes in fp32 and stores only what the rest of the region reads.
+A region with any other call (a reduction, a pooling, a norm over groups) has no generated
+starter yet: StarterError names the call, and extract.py leaves the region's reference for a
+kernel written by hand.
+
+The file holds the fused kernels (@triton.jit, specialized to the region's shapes: the index
+math has the sizes as constants, as inductor's generated kernels do), a launcher for each, and
+ModelNew: the reference's __init__ (the same draws, so the same parameters under the judge's
+seed) and a forward that makes the library calls, views and launches in a valid order.
+"""
+import ast
+import math
+import operator
+import re
+
+import torch
+from torch.fx import Graph, Node, symbolic_trace
+from torch.fx.passes.shape_prop import ShapeProp
+
+from autokernel.contract import load_module
+from autokernel.fx_vocabulary import arg, op
+
+LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+           "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm"}
+VIEWS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "unsqueeze",
+         "squeeze", "expand", "expand_as", "view_as", "getitem", "size"}
+SAME = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as",
+        "dropout", "alpha_dropout", "feature_alpha_dropout"}  # in fp32 compute: the value itself
+COMPARISONS = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
+# Every fused kernel is memory-bound and one-dimensional: 1,024 elements a program over 4 warps
+# (8 a thread: 16-byte loads in fp16), inductor's usual pick for a large pointwise kernel.
+CONFIGS = ("BLOCK = 1024  # elements a program: 8 a thread over 4 warps, 16-byte fp16 loads\n"
+           "NUM_WARPS = 4")
+
+
+class StarterError(Exception):
+    """The region has a call no generated code covers yet (one line: which)."""
+
+
+def _tanh(x):
+    return f"(2 * tl.sigmoid(2 * {x}) - 1)"
+
+
+def _clamp(x, low, high):
+    y = x if low is None else f"tl.maximum({x}, {low})"
+    return y if high is None else f"tl.minimum({y}, {high})"
+
+
+def _pow(x, e):
+    if not isinstance(e, (int, float)):
+        raise StarterError("pow with a tensor exponent")
+    if float(e).is_integer() and 1 <= e <= 4:
+        return "(" + " * ".join([x] * int(e)) + ")"
+    named = {0.5: f"tl.sqrt({x})", -0.5: f"tl.rsqrt({x})", -1: f"(1.0 / {x})",
+             -2: f"(1.0 / ({x} * {x}))"}
+    if e in named:
+        return named[e]
+    raise StarterError(f"pow with exponent {e}")
+
+
+def _gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return f"(0.5 * {x} * (1 + {_tanh(f'0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})')}))"
+    return f"(0.5 * {x} * (1 + tl.erf({x} * 0.7071067811865476)))"
+
+
+def _softplus(x, beta=1.0, threshold=20.0):
+    return (f"tl.where({x} * {beta} > {threshold}, {x}, "
+            f"tl.log(1 + tl.exp({x} * {beta})) / {beta})")
+
+
+# op name -> Triton expression of its arguments (Triton expressions, or Python constants)
+ELEMENTWISE = {
+    "add": lambda a: f"({a(0)} + {a(1)}{_alpha(a)})",
+    "sub": lambda a: f"({a(0)} - {a(1)}{_alpha(a)})",
+    "rsub": lambda a: f"({a(1)} - {a(0)}{_alpha(a)})",
+    "mul": lambda a: f"({a(0)} * {a(1)})",
+    "div": lambda a: _div(a),
+    "neg": lambda a: f"(-{a(0)})",
+    "pow": lambda a: _pow(a(0), a.raw(1)),
+    "relu": lambda a: f"tl.maximum({a(0)}, 0.0)",
+    "relu6": lambda a: _clamp(a(0), 0.0, 6.0),
+    "hardtanh": lambda a: _clamp(a(0), a.raw(1, "min_val", -1.0), a.raw(2, "max_val", 1.0)),
+    "clamp": lambda a: _clamp(a(0), a.raw(1, "min"), a.raw(2, "max")),
+    "clip": lambda a: _clamp(a(0), a.raw(1, "min"), a.raw(2, "max")),
+    "sigmoid": lambda a: f"tl.sigmoid({a(0)})",
+    "silu": lambda a: f"({a(0)} * tl.sigmoid({a(0)}))",
+    "tanh": lambda a: _tanh(a(0)),
+    "gelu": lambda a: _gelu(a(0), a.raw(1, "approximate", "none")),
+    "exp": lambda a: f"tl.exp({a(0)})",
+    "log": lambda a: f"tl.log({a(0)})",
+    "sqrt": lambda a: f"tl.sqrt({a(0)})",
+    "rsqrt": lambda a: f"tl.rsqrt({a(0)})",
+    "abs": lambda a: f"tl.abs({a(0)})",
+    "erf": lambda a: f"tl.erf({a(0)})",
+    "sin": lambda a: f"tl.sin({a(0)})",
+    "cos": lambda a: f"tl.cos({a(0)})",
+    "square": lambda a: f"({a(0)} * {a(0)})",
+    "reciprocal": lambda a: f"(1.0 / {a(0)})",
+    "maximum": lambda a: f"tl.maximum({a(0)}, {a(1)})",
+    "minimum": lambda a: f"tl.minimum({a(0)}, {a(1)})",
+    "where": lambda a: f"tl.where({a(0)}, {a(1)}, {a(2)})",
+    "leaky_relu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, {a(0)} * {a.raw(1, 'negative_slope', 0.01)})",
+    "elu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, {a.raw(1, 'alpha', 1.0)} * (tl.exp({a(0)}) - 1))",
+    "hardsigmoid": lambda a: f"({_clamp(f'{a(0)} + 3', 0.0, 6.0)} / 6)",
+    "hardswish": lambda a: f"({a(0)} * {_clamp(f'{a(0)} + 3', 0.0, 6.0)} / 6)",
+    "softplus": lambda a: _softplus(a(0), a.raw(1, "beta", 1.0), a.raw(2, "threshold", 20.0)),
+    "mish": lambda a: f"({a(0)} * {_tanh(_softplus(a(0)))})",
+    "batch_norm": lambda a: _batch_norm(a),
+    **{name: (lambda a, s=sym: f"({a(0)} {s} {a(1)})") for name, sym in COMPARISONS.items()},
+    **{name: (lambda a: a(0)) for name in SAME},
+}
+
+
+def _alpha(a):
+    alpha = a.raw(None, "alpha", 1)
+    return "" if alpha == 1 else f" * {alpha}"
+
+
+def _div(a):
+    if a.raw(None, "rounding_mode") is not None:
+        raise StarterError("div with a rounding_mode")
+    return f"({a(0)} / {a(1)})"
+
+
+def _batch_norm(a):
+    """Eval-mode BatchNorm: each channel (dim 1) scaled and shifted by its statistics."""
+    if a.raw(5, "training", False):
+        raise StarterError("batch_norm in training mode (batch statistics)")
+    y = (f"({a(0)} - {a(1, 'running_mean')}) * "
+         f"tl.rsqrt({a(2, 'running_var')} + {a.raw(7, 'eps', 1e-5)})")
+    if a.raw(3, "weight") is not None:
+        y = f"{y} * {a(3, 'weight')}"
+    if a.raw(4, "bias") is not None:
+        y = f"{y} + {a(4, 'bias')}"
+    return f"({y})"
+
+
+def _literal(value):
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float('{value}')"
+    if isinstance(value, int):
+        return repr(value)
+    raise StarterError(f"a constant argument {value!r}")
+
+
+def kind_of(n):
+    """'library', 'view', 'elementwise', or raises StarterError naming the call."""
+    name = op(n)
+    if name in LIBRARY:
+        return "library"
+    if name in VIEWS:
+        return "view"
+    if name == "dropout" and arg(n, 2, "training", True) and arg(n, 1, "p", 0.5):
+        raise StarterError("dropout in training mode")
+    if name in ELEMENTWISE:
+        return "elementwise"
+    raise StarterError(f"{name or n.target} (no generated code for it yet: write this "
+                       f"region's kernel by hand)")
+
+
+def meta(n):
+    tm = n.meta.get("tensor_meta") if isinstance(n, Node) else None
+    return (tuple(tm.shape), tuple(tm.stride)) if tm is not None else None
+
+
+# ---- grouping: neighbouring elementwise calls of one shape become one kernel ---------------
+
+def groups_of(graph):
+    """[[node, ...], ...]: the elementwise calls, grouped so that each group is one kernel over
+    one shape and no path leaves a group and comes back into it (it runs as one launch). A call
+    joins every group of its inputs at its shape that it can (a written-out GELU's branches
+    become one kernel)."""
+    groups, group_of = [], {}
+    for n in graph.nodes:
+        if n.op not in ("call_function", "call_method") or kind_of(n) != "elementwise":
+            continue
+        shape = meta(n) and meta(n)[0]
+        chosen = []
+        for a in n.all_input_nodes:
+            g = group_of.get(a)
+            if g is None or g in chosen or meta(groups[g][0])[0] != shape:
+                continue
+            if _convex({n, *(m for h in chosen + [g] for m in groups[h])}, groups, group_of):
+                chosen.append(g)
+        if not chosen:
+            groups.append([])
+            chosen = [len(groups) - 1]
+        into = chosen[0]
+        for g in chosen[1:]:
+            for m in groups[g]:
+                group_of[m] = into
+            groups[into] += groups[g]
+            groups[g] = []
+        groups[into].append(n)
+        group_of[n] = into
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return [sorted(g, key=order.get) for g in groups if g]
+
+
+def _convex(members, groups, group_of):
+    """Whether no path leaves `members` and comes back (a group reached is reached whole)."""
+    seen, frontier = set(), [u for m in members for u in m.users if u not in members]
+    while frontier:
+        x = frontier.pop()
+        if x in members:
+            return False
+        if x in seen:
+            continue
+        seen.add(x)
+        mates = groups[group_of[x]] if x in group_of else [x]
+        frontier += [u for m in mates for u in m.users] + [m for m in mates if m is not x]
+    return True
+
+
+# ---- code for one group ----------------------------------------------------------------------
+
+def index_expr(shape, strides):
+    """The element of an operand (its strides, broadcast to `shape`) for the flat position
+    `offs` in `shape`: "offs" where it is laid out as `shape` is, else the terms of its own
+    strides, with the sizes as constants."""
+    dims = [(s, st) for s, st in zip(shape, strides) if s != 1]
+    merged = []
+    for size, stride in dims:  # neighbouring dims that are one run of memory become one
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    total, inner, terms = math.prod(shape), math.prod(s for s, _ in merged), []
+    for size, stride in merged:
+        inner //= size
+        if stride == 0:
+            continue
+        term = "offs" if inner == 1 else f"(offs // {inner})"
+        if size * inner < total:
+            term = f"({term} % {size})"
+        terms.append(term if stride == 1 else f"{term} * {stride}")
+    return " + ".join(terms) or "0"
+
+
+class _Args:
+    """A call's arguments as Triton expressions (tensors: their variable) or raw constants."""
+
+    def __init__(self, n, names):
+        self.n, self.names = n, names
+
+    def raw(self, i, name=None, default=None):
+        value = arg(self.n, i, name, default) if i is not None else \
+            self.n.kwargs.get(name, default)
+        if isinstance(value, Node):
+            return self.names[value]
+        if isinstance(value, torch.dtype) or isinstance(value, str):
+            return value
+        return value
+
+    def __call__(self, i, name=None):
+        value = arg(self.n, i, name)
+        return self.names[value] if isinstance(value, Node) else _literal(value)
+
+
+def group_code(index, nodes, outside):
+    """(kernel source, launcher source, inputs, outputs) of one group. outside(node): whether
+    a node of the group is read after it (or is the region's output)."""
+    members = set(nodes)
+    shape = meta(nodes[0])[0]
+    inputs = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in members and a not in inputs:
+                if meta(a) is None:
+                    raise StarterError(f"{op(n)} reads {a.name}, which is not a tensor")
+                inputs.append(a)
+    outputs = [n for n in nodes if outside(n)]
+    names = {a: f"v{i}" for i, a in enumerate(inputs)}
+    ops = ", ".join(op(n) for n in nodes)
+    body, loads = [], []
+    for i, a in enumerate(inputs):
+        a_shape, a_strides = meta(a)
+        strides = _broadcast_strides(a_shape, a_strides, shape, _channel_dim(a, nodes))
+        value = f"tl.load(in{i} + {index_expr(shape, strides)}, mask=mask)"
+        kind = a.meta["tensor_meta"].dtype
+        loads.append(f"    v{i} = {value} != 0" if kind == torch.bool else
+                     f"    v{i} = {value}.to(tl.float32)")
+    for j, n in enumerate(nodes):
+        names[n] = f"t{j}"
+        body.append(f"    t{j} = {ELEMENTWISE[op(n)](_Args(n, names))}  # {op(n)}")
+    stores = [f"    tl.store(out{k} + offs, {names[n]}, mask=mask)" for k, n in
+              enumerate(outputs)]
+    kname, params = f"_fused_{index}", [f"in{i}" for i in range(len(inputs))] + \
+        [f"out{k}" for k in range(len(outputs))]
+    total = math.prod(shape)
+    offs = "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
+    if total * max([1] + [max(meta(a)[1] or (1,)) for a in inputs]) >= 2 ** 31:
+        offs = "tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)"
+    kernel = "\n".join([
+        "@triton.jit",
+        f"def {kname}({', '.join(params)}, BLOCK: tl.constexpr):",
+        f'    """{ops} over {tuple(shape)}: one pass over memory."""',
+        f"    offs = {offs}",
+        f"    mask = offs < {total}",
+        *loads, *body, *stores, ""])
+    launcher = _launcher(index, kname, inputs, outputs, shape, ops)
+    return kernel, launcher, inputs, outputs
+
+
+def _channel_dim(a, nodes):
+    """A BatchNorm's statistics and affine apply along dim 1 of its input (not numpy's
+    trailing alignment): the dim a 1-d operand of a batch_norm runs along."""
+    for n in nodes:
+        if op(n) == "batch_norm" and a in n.all_input_nodes and a is not arg(n, 0, "input"):
+            return 1
+    return None
+
+
+def _broadcast_strides(a_shape, a_strides, shape, channel_dim):
+    if channel_dim is not None and len(a_shape) == 1:
+        strides = [0] * len(shape)
+        strides[channel_dim] = a_strides[0]
+        return strides
+    pad = len(shape) - len(a_shape)
+    full = [1] * pad + list(a_shape)
+    st = [0] * pad + list(a_strides)
+    return [0 if fs == 1 and s != 1 else t for fs, s, t in zip(full, shape, st)]
+
+
+CAST_METHODS = {"float": "torch.float32", "half": "torch.float16", "bfloat16": "torch.bfloat16"}
+
+
+def _out_dtype(n, same):
+    """What a group's output is stored as: the region's activations' dtype (the judged one),
+    but a comparison's bool and an explicit cast's dtype."""
+    name = op(n)
+    if name in COMPARISONS:
+        return "torch.bool"
+    if name in CAST_METHODS:
+        return CAST_METHODS[name]
+    if name == "to":
+        target = [a for a in (*n.args[1:], n.kwargs.get("dtype")) if isinstance(a, torch.dtype)]
+        if target:
+            return str(target[0])
+    return same
+
+
+def _launcher(index, kname, inputs, outputs, shape, ops):
+    args = [f"x{i}" for i in range(len(inputs))]
+    layouts = [tuple(meta(a)[1]) for a in inputs]
+    dtype_of = "x0.dtype"
+    lines = [f"def fused_{index}({', '.join(args)}):",
+             f'    """{ops}: {len(outputs)} output(s) of shape {tuple(shape)}."""',
+             f"    for x, layout in zip(({', '.join(args)},), {layouts!r}):",
+             "        if x.stride() != layout:  # the kernel's index math assumes these strides",
+             "            raise ValueError(f'fused_" + str(index) +
+             ": an input has strides {x.stride()}, the kernel was written for {layout}')"]
+    outs = [f"o{k}" for k in range(len(outputs))]
+    for k, n in enumerate(outputs):
+        dtype = _out_dtype(n, dtype_of)
+        lines.append(f"    o{k} = torch.empty({tuple(shape)!r}, device=x0.device, dtype={dtype})")
+    lines += [f"    grid = (triton.cdiv({math.prod(shape)}, BLOCK),)",
+              f"    {kname}[grid]({', '.join(args + outs)}, BLOCK=BLOCK, num_warps=NUM_WARPS)",
+              f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}", ""]
+    return "\n".join(lines)
+
+
+# ---- the file ---------------------------------------------------------------------------------
+
+def starter_source(problem_path, header):
+    """The starter kernel file's text for the region whose reference is at problem_path;
+    header: the contract block (KERNEL_TYPE, KERNEL_NAME, KERNELBENCH_PROBLEM, ...) to put
+    after the imports. Raises StarterError."""
+    module = load_module(problem_path)
+    torch.manual_seed(0)
+    model = module.Model(*module.get_init_inputs()).eval()
+    try:
+        gm = symbolic_trace(model)
+        ShapeProp(gm).propagate(*module.get_inputs())
+    except Exception as e:  # noqa: BLE001  (any trace failure: no generated starter)
+        raise StarterError(f"the reference does not trace ({type(e).__name__}: {e})") from None
+    graph = gm.graph
+    groups = groups_of(graph)
+    group_of = {n: g for g, nodes in enumerate(groups) for n in nodes}
+    kernels, launchers, new, env = [], {}, Graph(), {}
+
+    def outside(n):
+        return any(u not in groups[group_of[n]] for u in n.users)
+
+    pieces = {g: group_code(g, nodes, outside) for g, nodes in enumerate(groups)}
+    for g, (kernel, launcher, _, _) in pieces.items():
+        kernels.append(kernel)
+        launchers[g] = launcher
+    functions = {}
+    for n in _units_in_order(graph, groups, group_of):
+        if isinstance(n, int):  # a group: one launch
+            _, source, inputs, outputs = pieces[n]
+            fn = functions.setdefault(n, _named(f"fused_{n}"))
+            call = new.create_node("call_function", fn, tuple(env[a] for a in inputs),
+                                   name=f"y{n}")
+            for k, out in enumerate(outputs):
+                env[out] = call if len(outputs) == 1 else new.call_function(
+                    operator.getitem, (call, k))
+            continue
+        env[n] = new.node_copy(n, env.__getitem__)
+    code = new.python_code(root_module="self")
+    forward = code.src
+    for name, value in code.globals.items():
+        if getattr(value, "_region_launcher", None):
+            forward = re.sub(rf"\b{re.escape(name)}\b", value._region_launcher, forward)
+    forward = re.sub(r";  [\w, =]* = None$", "", forward, flags=re.M)  # FX's frees
+    forward = "\n".join("    " + line if line.strip() else "" for line in
+                        forward.strip("\n").splitlines())
+    init = _init_source(problem_path)
+    return "\n".join([
+        '"""', header["doc"], '"""', "import torch", "import torch.nn as nn", "import triton",
+        "import triton.language as tl", "", header["contract"], "", CONFIGS, "", "",
+        *[k + "\n" for k in kernels], *[launchers[g] + "\n" for g in sorted(launchers)],
+        "class ModelNew(nn.Module):", init, "", forward.rstrip(), ""])
+
+
+def _named(name):
+    """A stand-in for a launcher in the graph FX writes the forward from."""
+    def launcher(*args):
+        raise RuntimeError("a placeholder for the generated launcher")
+    launcher.__name__ = launcher.__qualname__ = name
+    launcher._region_launcher = name
+    return launcher
+
+
+def _units_in_order(graph, groups, group_of):
+    """Each node outside the groups, and each group once (as its index), in an order where
+    everything comes after what it reads: the graph's order, a group placed where its last
+    input is ready and before its first reader."""
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    done, order, pending = set(), [], list(nodes)
+
+    def ready(unit):
+        members = groups[unit] if isinstance(unit, int) else [unit]
+        return all(a in done or a in members for m in members for a in m.all_input_nodes)
+    while pending:
+        for n in pending:
+            unit = group_of.get(n, n)
+            if ready(unit):
+                break
+        else:
+            raise StarterError("the region's calls cannot be ordered into launches")
+        members = groups[unit] if isinstance(unit, int) else [unit]
+        done.update(members)
+        pending = [p for p in pending if p not in members]
+        order.append(unit)
+    order_out = [n for n in graph.nodes if n.op == "output"]
+    return order + order_out
+
+
+def _init_source(problem_path):
+    """Model.__init__ of the reference, as ModelNew's (the same draws in the same order)."""
+    text = open(problem_path).read()
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    return "    " + ast.get_source_segment(text, item, padded=True).lstrip()
+    raise StarterError("the reference has no Model.__init__")
