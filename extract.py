@@ -41,7 +41,7 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
   kernels      list  priority order (highest share first):
     rank           int    1, 2, ...
     name           str    KERNEL_NAME, e.g. "matmul_1"
-    kernel_type    str    one of autokernel.KERNEL_TYPE_NAMES
+    kernel_type    str    one of autokernel.KERNEL_TYPE_NAMES, or "region"
     file           str    workspace/<name>.py, relative to the repo root
     shapes         list   the model's real shapes as lists, most time first (verify.py runs the
                           model at these)
@@ -53,6 +53,15 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
     amdahl_ceiling float  1 / (1 - share): end-to-end speedup if the kernel took no time
     bound          str    "compute" | "memory" (roofline of the model's calls) | "n/a" (CPU)
     ops            list   the profile entries merged into it, e.g. ["aten::linear", "aten::matmul"]
+                          (a region: its calls, e.g. ["conv2d", "batch_norm", "relu"])
+    region         dict   a region's: id, label (its module's class), instances (module paths),
+                          problem (its reference, workspace/regions/<label>_<id>.py)
+
+Regions (profile.py's rows of the model's own code outside the kernel types) rank beside the
+types by share. A region's kernel file is a ModelNew for its reference (autokernel/
+region_kind.py), started from autokernel/region_starter.py's code: the library convolutions and
+GEMMs, one fused Triton kernel per run of elementwise ops. A region with calls that have no
+generated code yet is skipped with the reason (its reference is still written).
 """
 import argparse
 import re
