@@ -7,6 +7,7 @@ commands wrote: rows ready to paste into BENCHMARKS.md.
     python3 benchmarks/summary.py kernelbench OUTDIR/kernelbench_*.json  # kernelbench.py score's
     python3 benchmarks/summary.py gate OUTDIR/gate_speed.tsv             # gate_speed.sh's runs
     python3 benchmarks/summary.py profile OUTDIR/profile_*.json          # profile.py's, per model
+    python3 benchmarks/summary.py regions OUTDIR/*/results.tsv           # region_starters.sh's
 
 kernelbench merges its reports (a problem scored twice: the later file's row) and gives fast_p
 over all of them, so the problems can be scored in several calls.
@@ -134,21 +135,42 @@ def profiles(paths):
                  "top region"], rows))
 
 
+def regions(paths):
+    """Per region kernel bench.py judged (region_starters.sh): its verdict and its time beside
+    eager and torch.compile of the same region."""
+    import csv
+    rows = []
+    for path in paths:
+        if not Path(path).is_file():
+            rows.append([Path(path).parent.name, "no rows (see its logs)"] + ["-"] * 5)
+            continue
+        with open(path) as f:
+            for r in csv.DictReader(f, delimiter="\t"):
+                speed = r.get("speedup_vs_compile") or ""
+                rows.append([Path(path).parent.name, r["tag"], r["correctness"],
+                             r["latency_us"], r["speedup_vs_pytorch"] or "-", speed or "-",
+                             (r.get("reason") or "")[:80]])
+    print("region starters (bench.py): latency us, speedups = baseline / starter")
+    print(table(["model", "kernel", "correctness", "latency_us", "vs eager", "vs compile",
+                 "reason"], rows))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
-    parser.add_argument("what", choices=("starters", "verify", "kernelbench", "gate", "profile"))
+    parser.add_argument("what", choices=("starters", "verify", "kernelbench", "gate", "profile",
+                                         "regions"))
     parser.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
     if args.what in ("starters", "gate") and len(args.files) != 1:
         parser.error(f"{args.what} reads one file")
     missing = [f for f in args.files if not Path(f).is_file()]
-    if missing and args.what not in ("verify", "profile"):
+    if missing and args.what not in ("verify", "profile", "regions"):
         print(f"summary.py: {', '.join(missing)} not found: the benchmark wrote no report "
               f"(see its log)", file=sys.stderr)
         return 1
     {"starters": lambda: starters(args.files[0]), "verify": lambda: verify(args.files),
      "kernelbench": lambda: kernelbench(args.files), "gate": lambda: gate(args.files[0]),
-     "profile": lambda: profiles(args.files)}[
+     "profile": lambda: profiles(args.files), "regions": lambda: regions(args.files)}[
         args.what]()
     return 0
 
