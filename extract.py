@@ -249,11 +249,13 @@ Region {name} of {model}: {ops}; in {where}; {share:.1f}% of the model's op time
 
 extract.py wrote this starter from the region's reference (KERNELBENCH_PROBLEM, frozen from the
 model's graph by profile.py): the convolutions and GEMMs are the vendor libraries' (cuDNN,
-cuBLAS), made as the reference makes them, and every run of elementwise ops between them is one
-fused Triton kernel (_fused_<n>: one pass over memory, computed in fp32). That is what
-torch.compile makes of a region too; the night's work is to go past it: fold an eval-mode
+cuBLAS), made as the reference makes them, every run of elementwise ops between them is one
+fused Triton kernel (_fused_<n>: one pass over memory, computed in fp32; a GroupNorm heads its
+run: one program a group of channels), and a pooling or a cat is a kernel of its own. That is
+what torch.compile makes of a region too; the night's work is to go past it: fold an eval-mode
 BatchNorm into the weights once in __init__, fuse the elementwise tail into the GEMM or
-convolution (your own Triton GEMM or convolution with an epilogue), keep activations in fp16.
+convolution (your own Triton GEMM or convolution with an epilogue), split a GroupNorm's groups
+across programs when there are fewer groups than SMs.
 
 The rules (autokernel/region_kind.py): ModelNew.__init__ draws the reference's parameters in the
 same order (the judge builds Model and ModelNew under one seed), and its forward may call the

@@ -8,10 +8,14 @@ each call sorted into
   * a view (reshape, permute, flatten, ...): no work, kept as it is;
   * an elementwise op (arithmetic, activations, an eval-mode BatchNorm or dropout, casts and
     copies): neighbouring ones are fused into one Triton kernel that loads each input once,
-    computes in fp32 and stores only what the rest of the region reads.
-A region with any other call (a reduction, a pooling, a norm over groups) has no generated
-starter yet: StarterError names the call, and extract.py leaves the region's reference for a
-kernel written by hand.
+    computes in fp32 and stores only what the rest of the region reads; a GroupNorm heads such
+    a kernel (one program a group of channels: its statistics, then the normalization and the
+    calls after it in one pass);
+  * a pooling window (max, average, an adaptive average with equal windows) or a cat: a kernel
+    of its own.
+A region with any other call (a softmax over a non-last dim, a reduction, an LSTM) has no
+generated starter yet: StarterError names the call, and extract.py leaves the region's
+reference for a kernel written by hand.
 
 The file holds the fused kernels (@triton.jit, specialized to the region's shapes: the index
 math has the sizes as constants, as inductor's generated kernels do), a launcher for each, and
@@ -117,6 +121,7 @@ ELEMENTWISE = {
     "softplus": lambda a: _softplus(a(0), a.raw(1, "beta", 1.0), a.raw(2, "threshold", 20.0)),
     "mish": lambda a: f"({a(0)} * {_tanh(_softplus(a(0)))})",
     "batch_norm": lambda a: _batch_norm(a),
+    "group_norm": lambda a: _group_norm(a),
     **{name: (lambda a, s=sym: f"({a(0)} {s} {a(1)})") for name, sym in COMPARISONS.items()},
     **{name: (lambda a: a(0)) for name in SAME},
 }
@@ -146,6 +151,17 @@ def _batch_norm(a):
     return f"({y})"
 
 
+def _group_norm(a):
+    """GroupNorm's second pass: the group's mean and rstd (its kernel's first pass) applied,
+    then each channel's affine."""
+    y = f"({a(0)} - mean) * rstd"
+    if a.raw(2, "weight") is not None:
+        y = f"{y} * {a(2, 'weight')}"
+    if a.raw(3, "bias") is not None:
+        y = f"{y} + {a(3, 'bias')}"
+    return f"({y})"
+
+
 def _literal(value):
     if isinstance(value, bool) or value is None:
         return repr(value)
@@ -167,6 +183,8 @@ def kind_of(n):
         raise StarterError("dropout in training mode")
     if name in ELEMENTWISE:
         return "elementwise"
+    if name in SPECIAL:
+        return "special"
     raise StarterError(f"{name or n.target} (no generated code for it yet: write this "
                        f"region's kernel by hand)")
 
@@ -191,7 +209,9 @@ def groups_of(graph):
         chosen = []
         for a in n.all_input_nodes:
             g = group_of.get(a)
-            if g is None or g in chosen or meta(groups[g][0])[0] != shape:
+            if g is None or g in chosen or meta(groups[g][0])[0] != shape or \
+                    op(n) == "group_norm" or (chosen and _normed(groups[g])) or \
+                    any(_normed(groups[h]) for h in chosen):
                 continue
             if _convex({n, *(m for h in chosen + [g] for m in groups[h])}, groups, group_of):
                 chosen.append(g)
@@ -208,6 +228,12 @@ def groups_of(graph):
         group_of[n] = into
     order = {n: i for i, n in enumerate(graph.nodes)}
     return [sorted(g, key=order.get) for g in groups if g]
+
+
+def _normed(nodes):
+    """A group headed by a GroupNorm: one program a group of channels, two passes (its kernel
+    is written for that head alone, so such a group only takes calls after it)."""
+    return bool(nodes) and op(nodes[0]) == "group_norm"
 
 
 def _convex(members, groups, group_of):
@@ -300,6 +326,12 @@ def group_code(index, nodes, outside):
               enumerate(outputs)]
     kname, params = f"_fused_{index}", [f"in{i}" for i in range(len(inputs))] + \
         [f"out{k}" for k in range(len(outputs))]
+    if _normed(nodes):
+        kernel = _normed_kernel(kname, params, nodes[0], inputs, shape, ops, loads, body,
+                                stores)
+        groups = arg(nodes[0], 1, "num_groups")
+        launcher = _launcher(index, kname, inputs, outputs, shape, ops, grid=shape[0] * groups)
+        return kernel, launcher, inputs, outputs
     total = math.prod(shape)
     offs = "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
     if total * max([1] + [max(meta(a)[1] or (1,)) for a in inputs]) >= 2 ** 31:
@@ -315,11 +347,52 @@ def group_code(index, nodes, outside):
     return kernel, launcher, inputs, outputs
 
 
+def _normed_kernel(kname, params, norm, inputs, shape, ops, loads, body, stores):
+    """A GroupNorm's kernel: one program a (sample, group), whose channels are one contiguous
+    run of memory in (N, C, ...): its mean and variance first (sums of the values less the
+    run's first one, so an offset of the data costs no precision), then the normalization and
+    the calls after it, a block at a time."""
+    x = arg(norm, 0, "input")
+    x_shape, x_strides = meta(x)
+    contiguous = tuple(math.prod(x_shape[d + 1:]) for d in range(len(x_shape)))
+    if tuple(x_strides) != contiguous or len(shape) < 3:
+        raise StarterError(f"group_norm of a non-contiguous or {len(shape)}-d input")
+    groups, eps = arg(norm, 1, "num_groups"), arg(norm, 4, "eps", 1e-5)
+    size = math.prod(shape) // (shape[0] * groups)
+    xi = f"in{inputs.index(x)}"
+    big = math.prod(shape) >= 2 ** 31
+    base = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+    return "\n".join([
+        "@triton.jit",
+        f"def {kname}({', '.join(params)}, BLOCK: tl.constexpr):",
+        f'    """{ops} over {tuple(shape)}: one program a group of {shape[1] // groups} '
+        f'channels ({size} values): statistics, then one pass."""',
+        f"    base = {base} * {size}",
+        "    lanes = tl.arange(0, BLOCK)",
+        f"    shift = tl.load({xi} + base).to(tl.float32)",
+        "    s1 = tl.zeros([BLOCK], tl.float32)",
+        "    s2 = tl.zeros([BLOCK], tl.float32)",
+        f"    for start in range(0, {size}, BLOCK):",
+        f"        mask = start + lanes < {size}",
+        f"        d = tl.load({xi} + base + start + lanes, mask=mask, other=0.0).to(tl.float32)",
+        "        d = tl.where(mask, d - shift, 0.0)",
+        "        s1 += d",
+        "        s2 += d * d",
+        f"    mean_d = tl.sum(s1, axis=0) / {size}",
+        f"    rstd = tl.rsqrt(tl.sum(s2, axis=0) / {size} - mean_d * mean_d + {eps})",
+        "    mean = shift + mean_d",
+        f"    for start in range(0, {size}, BLOCK):",
+        "        offs = base + start + lanes",
+        f"        mask = start + lanes < {size}",
+        *("    " + line for line in loads + body + stores), ""])
+
+
 def _channel_dim(a, nodes):
     """A BatchNorm's statistics and affine apply along dim 1 of its input (not numpy's
     trailing alignment): the dim a 1-d operand of a batch_norm runs along."""
     for n in nodes:
-        if op(n) == "batch_norm" and a in n.all_input_nodes and a is not arg(n, 0, "input"):
+        if op(n) in ("batch_norm", "group_norm") and a in n.all_input_nodes \
+                and a is not arg(n, 0, "input"):
             return 1
     return None
 
@@ -353,7 +426,7 @@ def _out_dtype(n, same):
     return same
 
 
-def _launcher(index, kname, inputs, outputs, shape, ops):
+def _launcher(index, kname, inputs, outputs, shape, ops, grid=None):
     args = [f"x{i}" for i in range(len(inputs))]
     layouts = [tuple(meta(a)[1]) for a in inputs]
     dtype_of = "x0.dtype"
@@ -367,10 +440,139 @@ def _launcher(index, kname, inputs, outputs, shape, ops):
     for k, n in enumerate(outputs):
         dtype = _out_dtype(n, dtype_of)
         lines.append(f"    o{k} = torch.empty({tuple(shape)!r}, device=x0.device, dtype={dtype})")
-    lines += [f"    grid = (triton.cdiv({math.prod(shape)}, BLOCK),)",
+    grid = grid or f"triton.cdiv({math.prod(shape)}, BLOCK)"
+    lines += [f"    grid = ({grid},)",
               f"    {kname}[grid]({', '.join(args + outs)}, BLOCK=BLOCK, num_warps=NUM_WARPS)",
               f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}", ""]
     return "\n".join(lines)
+
+
+# ---- calls with a kernel of their own: pooling windows, concatenation ------------------------
+
+def _pair(value, name):
+    value = tuple(value) if isinstance(value, (list, tuple)) else (value, value)
+    if len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise StarterError(f"{name} {value!r} (not two ints)")
+    return value
+
+
+def _layout_check(index, inputs):
+    args = ", ".join(f"x{i}" for i in range(len(inputs)))
+    layouts = [tuple(meta(a)[1]) for a in inputs]
+    return [f"    for x, layout in zip(({args},), {layouts!r}):",
+            "        if x.stride() != layout:  # the kernel's index math assumes these strides",
+            f"            raise ValueError(f'kernel_{index}: an input has strides {{x.stride()}}, "
+            "the kernel was written for {layout}')"]
+
+
+def pool_code(index, n):
+    """max_pool2d / avg_pool2d (and adaptive_avg_pool2d where the windows are equal) over a
+    contiguous (N, C, H, W): one program per BLOCK outputs, the window unrolled."""
+    name = op(n)
+    x = arg(n, 0, "input")
+    (N, C, H, W), (OH, OW) = meta(x)[0], meta(n)[0][-2:]
+    if len(meta(x)[0]) != 4:
+        raise StarterError(f"{name} of a {len(meta(x)[0])}-d input")
+    if name == "adaptive_avg_pool2d":
+        if H % OH or W % OW:
+            raise StarterError(f"adaptive_avg_pool2d from {H}x{W} to {OH}x{OW} (unequal windows)")
+        (KH, KW), (SH, SW), (PH, PW), (DH, DW), include_pad, divisor = \
+            (H // OH, W // OW), (H // OH, W // OW), (0, 0), (1, 1), True, None
+        name = "avg_pool2d"
+    else:
+        KH, KW = _pair(arg(n, 1, "kernel_size"), "kernel_size")
+        SH, SW = _pair(arg(n, 2, "stride") or (KH, KW), "stride")
+        PH, PW = _pair(arg(n, 3, "padding", 0), "padding")
+        if name == "max_pool2d":
+            DH, DW = _pair(arg(n, 4, "dilation", 1), "dilation")
+            if arg(n, 6, "return_indices", False):
+                raise StarterError("max_pool2d with return_indices")
+            include_pad, divisor = True, None
+        else:
+            DH = DW = 1
+            if arg(n, 4, "ceil_mode", False):
+                raise StarterError("avg_pool2d with ceil_mode")
+            include_pad, divisor = arg(n, 5, "count_include_pad", True), \
+                arg(n, 6, "divisor_override")
+    is_max = name == "max_pool2d"
+    start = 'float("-inf")' if is_max else "0.0"  # the identity of the window's reduction
+    total = N * C * OH * OW
+    lines = ["@triton.jit", f"def _pool_{index}(x, out, BLOCK: tl.constexpr):",
+             f'    """{op(n)} of ({N}, {C}, {H}, {W}) -> ({N}, {C}, {OH}, {OW}): window '
+             f'{KH}x{KW}, stride {SH}x{SW}, padding {PH}x{PW}."""',
+             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+             f"    mask = offs < {total}",
+             f"    ow = offs % {OW}", f"    oh = (offs // {OW}) % {OH}",
+             f"    plane = offs // {OH * OW}  # n * C + c",
+             f"    acc = tl.full([BLOCK], {start}, tl.float32)"]
+    if not is_max and not include_pad:
+        lines.append("    count = tl.zeros([BLOCK], tl.float32)")
+    lines += [f"    for kh in tl.static_range({KH}):",
+              f"        ih = oh * {SH} - {PH} + kh * {DH}",
+              f"        for kw in tl.static_range({KW}):",
+              f"            iw = ow * {SW} - {PW} + kw * {DW}",
+              f"            ok = mask & (ih >= 0) & (ih < {H}) & (iw >= 0) & (iw < {W})",
+              f"            v = tl.load(x + plane * {H * W} + ih * {W} + iw, mask=ok, "
+              f"other={start})"]
+    if is_max:
+        lines.append("            acc = tl.maximum(acc, v.to(tl.float32))")
+    else:
+        lines.append("            acc += v.to(tl.float32)")
+        if not include_pad:
+            lines.append("            count += ok.to(tl.float32)")
+    if not is_max:
+        if divisor:
+            lines.append(f"    acc = acc / {divisor}")
+        elif include_pad:  # the window's cells inside the padded input (PyTorch's divisor)
+            lines += [f"    hs = oh * {SH} - {PH}", f"    ws = ow * {SW} - {PW}",
+                      f"    he = tl.minimum(hs + {KH}, {H + PH})",
+                      f"    we = tl.minimum(ws + {KW}, {W + PW})",
+                      "    acc = acc / ((he - hs) * (we - ws)).to(tl.float32)"]
+        else:
+            lines.append("    acc = acc / tl.maximum(count, 1.0)  # masked lanes: no 0 / 0")
+    lines += ["    tl.store(out + offs, acc, mask=mask)", ""]
+    launcher = [f"def kernel_{index}(x0):", f'    """{op(n)}: one Triton kernel."""',
+                *_layout_check(index, [x]),
+                f"    out = torch.empty({tuple(meta(n)[0])!r}, device=x0.device, dtype=x0.dtype)",
+                f"    _pool_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
+                "num_warps=NUM_WARPS)", "    return out", ""]
+    return "\n".join(lines), "\n".join(launcher), [x], [n]
+
+
+def cat_code(index, n):
+    """torch.cat: each input copied into its slice of the output by a kernel of its own (the
+    index math of both sides from their strides)."""
+    tensors, dim = arg(n, 0, "tensors"), arg(n, 1, "dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, Node) for t in tensors):
+        raise StarterError("cat of something other than a list of tensors")
+    shape = meta(n)[0]
+    dim = dim % len(shape)
+    out_strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    kernels, launches, offset = [], [], 0
+    for i, t in enumerate(tensors):
+        t_shape, t_strides = meta(t)
+        size = math.prod(t_shape)
+        kernels += ["@triton.jit", f"def _cat_{index}_{i}(src, out, BLOCK: tl.constexpr):",
+                    f'    """Input {i} of the cat ({tuple(t_shape)}) into its slice of the '
+                    f'output, from index {offset} along dim {dim}."""',
+                    "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+                    f"    mask = offs < {size}",
+                    f"    v = tl.load(src + {index_expr(t_shape, t_strides)}, mask=mask)",
+                    f"    tl.store(out + {offset * out_strides[dim]} + "
+                    f"{index_expr(t_shape, out_strides)}, v, mask=mask)", "", ""]
+        launches.append(f"    _cat_{index}_{i}[(triton.cdiv({size}, BLOCK),)](x{i}, out, "
+                        "BLOCK=BLOCK, num_warps=NUM_WARPS)")
+        offset += t_shape[dim]
+    args = ", ".join(f"x{i}" for i in range(len(tensors)))
+    launcher = [f"def kernel_{index}({args}):", f'    """cat along dim {dim}: a copy kernel an '
+                'input."""', *_layout_check(index, list(tensors)),
+                f"    out = torch.empty({tuple(shape)!r}, device=x0.device, dtype=x0.dtype)",
+                *launches, "    return out", ""]
+    return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
+
+
+SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
+           "cat": cat_code}
 
 
 # ---- the file ---------------------------------------------------------------------------------
@@ -396,6 +598,11 @@ def starter_source(problem_path, header):
         return any(u not in groups[group_of[n]] for u in n.users)
 
     pieces = {g: group_code(g, nodes, outside) for g, nodes in enumerate(groups)}
+    for n in graph.nodes:  # a pooling or a cat: a unit (and a kernel) of its own
+        if n.op in ("call_function", "call_method") and kind_of(n) == "special":
+            group_of[n] = len(groups)
+            pieces[len(groups)] = SPECIAL[op(n)](len(groups), n)
+            groups.append([n])
     for g, (kernel, launcher, _, _) in pieces.items():
         kernels.append(kernel)
         launchers[g] = launcher
@@ -403,7 +610,7 @@ def starter_source(problem_path, header):
     for n in _units_in_order(graph, groups, group_of):
         if isinstance(n, int):  # a group: one launch
             _, source, inputs, outputs = pieces[n]
-            fn = functions.setdefault(n, _named(f"fused_{n}"))
+            fn = functions.setdefault(n, _named(pieces[n][1].split("(")[0][4:]))
             call = new.create_node("call_function", fn, tuple(env[a] for a in inputs),
                                    name=f"y{n}")
             for k, out in enumerate(outputs):

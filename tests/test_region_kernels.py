@@ -59,7 +59,7 @@ class Net(nn.Module):
         self.block, self.mlp, self.diffusion = Block(8), GELUMLP(32), GroupNormSiLUConv(8)
 
     def forward(self, x):
-        h = self.diffusion(self.block(x))
+        h = torch.softmax(self.diffusion(self.block(x)), 1)  # over channels: no kernel type's
         return self.mlp(h.flatten(2) * 0.5)
 
 
@@ -74,7 +74,7 @@ def trained_like(model):
 
 @pytest.fixture(scope="module")
 def extracted(tmp_path_factory):
-    """profile.py's ranking of Net and extract.py --top 4 on it: (workspace, plan, stdout)."""
+    """profile.py's ranking of Net and extract.py --top 5 on it: (workspace, plan, stdout)."""
     import extract
     work = tmp_path_factory.mktemp("regions")
     result = profile_script.profile_model(trained_like(Net()), [torch.randn(2, 8, 4, 8)],
@@ -84,7 +84,7 @@ def extracted(tmp_path_factory):
     (work / "profile.json").write_text(json.dumps(result))
     out = subprocess.run([sys.executable, "-c", "import sys, extract; sys.exit(extract.main("
                           f"['--profile', {str(work / 'profile.json')!r}, '--workspace', "
-                          f"{str(work)!r}, '--top', '4']))"], cwd=autokernel.ROOT,
+                          f"{str(work)!r}, '--top', '5']))"], cwd=autokernel.ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     return work, json.loads((work / "plan.json").read_text()), out.stdout
@@ -99,8 +99,10 @@ def test_extract_writes_top_regions_beside_the_types(extracted):
     text = (work / f"{block['name']}.py").read_text()
     assert 'KERNEL_TYPE = "region"' in text and "class ModelNew(nn.Module)" in text
     assert (work / "regions" / f"Block_{block['region']['id']}.py").is_file()
-    # The GroupNorm region has no generated starter: said in one line, its reference kept.
-    assert "skipped region GroupNormSiLUConv" in stdout and "group_norm" in stdout, stdout
+    diffusion = next(k for k in plan["kernels"] if k["name"].startswith("groupnormsiluconv_"))
+    assert diffusion["ops"] == ["group_norm", "silu", "conv2d"]
+    # A softmax over channels has no generated starter yet: said in one line, its reference kept
+    assert "skipped region Net:" in stdout and "softmax" in stdout, stdout
     shares = [k["share"] for k in plan["kernels"]]
     assert shares == sorted(shares, reverse=True)  # regions and types ranked together
 
@@ -189,6 +191,16 @@ BODIES = {
     "torch.sigmoid(in0))",
     "two outputs of one kernel": "a = torch.nn.functional.silu(in0 + self.bias)\n"
     "        return a * 3, torch.nn.functional.gelu(a) - 1",
+    "a max pool with stride and padding, then relu": "return torch.relu(torch.nn.functional."
+    "max_pool2d(in0 - 0.5, 3, 2, 1))",
+    "an average pool that leaves the padding out": "return torch.nn.functional.avg_pool2d("
+    "in0, 2, 1, 1, count_include_pad=False)",
+    "a global average pool, flattened (a classifier's head)": "return torch.flatten("
+    "torch.nn.functional.adaptive_avg_pool2d(in0, 1), 1)",
+    "GroupNorm, SiLU (a diffusion block's) on offset data": "return torch.nn.functional.silu("
+    "torch.nn.functional.group_norm(in0 * 3 + 100, 2, self.bias[:4] * 2, self.bias[2:]))",
+    "cat along the last dim, one input permuted": "return torch.cat([in0, in1.permute(0, 3, 2, "
+    "1)], -1) + 1",
 }
 
 
