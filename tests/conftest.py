@@ -17,3 +17,17 @@ os.environ["AUTOKERNEL_WORKSPACE"] = tempfile.mkdtemp(prefix="autokernel_test_ws
 atexit.register(shutil.rmtree, os.environ["AUTOKERNEL_WORKSPACE"], ignore_errors=True)
 import autokernel  # noqa: E402,F401  (loads the stdlib `profile` before ours can shadow it)
 del os.environ["AUTOKERNEL_WORKSPACE"]
+
+
+# The files that take longest on two cores, longest first (measured with --durations): with
+# `-n auto --dist loadfile` each worker takes the next file when it finishes one, so starting
+# with the long ones leaves short files for the end and the two workers finish together.
+LONGEST_FIRST = ["test_bench.py", "test_cuda_backend.py", "test_verify.py", "test_overnight.py",
+                 "test_kernels_compute.py", "test_ops.py", "test_program.py", "test_sandbox.py",
+                 "test_starters.py", "test_kernelbench.py", "test_mem_kernels.py",
+                 "test_region_kernels.py", "test_extract.py", "test_bench_starters.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
