@@ -258,7 +258,8 @@ convolution (your own Triton GEMM or convolution with an epilogue), split a Grou
 across programs when there are fewer groups than SMs.
 
 The rules (autokernel/region_kind.py): ModelNew.__init__ draws the reference's parameters in the
-same order (the judge builds Model and ModelNew under one seed), and its forward may call the
+same order and under the same names (the judge builds Model and ModelNew under one seed;
+verify.py puts each instance's own tensors in by those names), and its forward may call the
 libraries' convolutions and GEMMs (torch.conv*, F.linear, torch.matmul, mm, bmm, addmm, baddbmm;
 the verdict names each call); any other torch compute op there is refused: the rest is this
 file's own Triton or CUDA.

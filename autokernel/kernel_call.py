@@ -32,6 +32,8 @@ class Kernel:
     fn: object
     shapes: list = field(default_factory=list)
     optional: bool = False  # one that finds no op in the model is "unused", not a failure
+    instances: list = field(default_factory=list)  # a region kernel's module paths (its fn:
+                                                   # ModelNew; autokernel/swap_regions.py)
 
     @property
     def rel_file(self):

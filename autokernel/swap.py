@@ -33,6 +33,9 @@ The rules (SWAP_RULES, one entry per kernel type):
   * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
     without enable_gqa, ...) runs the original op and is counted as a fallback with its reason.
     A kernel that never ran during the forward is a FAILURE, not a replacement.
+  * Region kernels (a ModelNew for a piece of the model's own code) replace the forward of each
+    module instance the plan names, on the instance's own parameters, once a first call agrees
+    with the module's own forward (autokernel/swap_regions.py); eager swaps only, for now.
   * Glue outside the kernels is torch and is counted in the timings: non-contiguous arguments
     are copied to contiguous ones, cos/sin tables are sliced and cast. Weights for the matmul
     kernel are transposed to contiguous [K, N] copies, their rows padded to 128 bytes, ONCE per
@@ -47,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 import autokernel
-from autokernel import swap_hf, swap_modules, swap_torch
+from autokernel import swap_hf, swap_modules, swap_regions, swap_torch
 from autokernel.kernel_call import Kernel, KernelOp, contract_shape
 from autokernel.patching import FALLBACK, applying, known_to_the_compiler, patched
 from autokernel.weight_cache import WeightCache
@@ -61,8 +64,10 @@ class Swap:
         self.kernels = list(kernels)
         self.compiled = compiled  # kernels called through their custom ops (torch.compile)
         self.by_type = defaultdict(list)  # type -> its KernelOps, in the order given
+        self.regions = [k for k in self.kernels if k.kernel_type == "region"]
         for k in self.kernels:
-            self.by_type[k.kernel_type].append(KernelOp(k, compiled, self._count))
+            if k.kernel_type != "region":
+                self.by_type[k.kernel_type].append(KernelOp(k, compiled, self._count))
         self.weights = weights or WeightCache()
         self.weight_layout = weight_layout
         self.busy = False  # inside a kernel_fn: its own torch calls pass straight through
@@ -160,6 +165,8 @@ class Swap:
             if self.active(ktype):
                 for patcher in rule.patches:
                     patches += patcher(self, model)
+        if self.regions and not self.compiled:  # each instance's forward (swap_regions.py)
+            patches += swap_regions.patches(self, model)
         # Compiled: inductor's pass folds the adds around matmul ops into their residual.
         fusions = contextlib.nullcontext()
         if self.compiled and self.active("matmul"):

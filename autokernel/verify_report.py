@@ -8,7 +8,9 @@ workspace/verify.json (verify.py --out to change):
                 "shapes": ["8x2048x768", ...], "fallbacks": {reason: count},
                 "skipped": {reason: modules not swapped}, "notes": [str],
                 "status": "ok" | "never ran" | "crashed" | "mismatch" | "unused"
-                          | "stopped" (another kernel crashed first),
+                          | "stopped" (another kernel crashed first)
+                          | "not plugged" (a region kernel whose instances all kept their
+                            own forward: the region is part of it; reasons in fallbacks),
                 "error": str | null,
                 "alone": {"calls", and the "correctness" keys below} | null,  (--diagnose)
                 "alone_ms": float | null, "gain_ms": float | null, "share": float | null,

@@ -35,14 +35,21 @@ from autokernel.verify_report import Steps, blank_entry
 from autokernel.workspace import plan_kernels, read_plan
 
 
-def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False):
+def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, instances=None):
     """A kernel file, imported and checked against the contract; its dispatch shapes are the
-    plan's, else its BENCH_SHAPES, else none (it takes every shape of its type)."""
+    plan's, else its BENCH_SHAPES, else none (it takes every shape of its type). A region
+    kernel's callable is its ModelNew, plugged into the plan's instances of the region."""
     path = kernel_path(path)
     try:
         module = load_module(path)
     except Exception as e:  # a kept kernel that no longer imports is a usage problem to fix first
         raise UsageError(f"cannot import kernel {path}: {describe(e)}") from None
+    if getattr(module, "KERNEL_TYPE", None) == "region":
+        if not isinstance(getattr(module, "ModelNew", None), type):
+            raise UsageError(f"{path}: a region kernel file must define class ModelNew")
+        name = name or getattr(module, "KERNEL_NAME", None) or path.stem
+        return Kernel(name, "region", path, module.ModelNew, [], optional,
+                      list(instances or []))
     try:
         declared = check_module(module)["kernel_type"]
     except KernelFileError as e:
@@ -71,14 +78,9 @@ def kernel_specs(args):
             raise UsageError(f"no {rel(args.plan)}: run extract.py first, or pass --kernels "
                              "FILE[,FILE] or --starters")
         plan = read_plan(args.plan)
-        kernels = plan_kernels(plan)
-        for name, k in kernels.items():
-            if k["kernel_type"] == "region":
-                print(f"note: {name} is a region kernel ({k['file']}): bench.py judges it "
-                      f"against the region's reference; verify.py does not plug regions into "
-                      f"the model yet, so it is left out here")
-        specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False)
-                 for name, k in kernels.items() if k["kernel_type"] != "region"]
+        specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False,
+                  (k.get("region") or {}).get("instances"))
+                 for name, k in plan_kernels(plan).items()]
         rows = None if args.no_regate else read_rows(args.results)
         for line in unplaced_keeps(plan, rows or []):
             print(line)

@@ -153,6 +153,17 @@ def regions(paths):
     print("region starters (bench.py): latency us, speedups = baseline / starter")
     print(table(["model", "kernel", "correctness", "latency_us", "vs eager", "vs compile",
                  "reason"], rows))
+    cover = []  # what extract.py wrote, from the plan beside each results file
+    for path in paths:
+        plan_path = Path(path).parent / "plan.json"
+        if plan_path.is_file():
+            kernels = json.loads(plan_path.read_text())["kernels"]
+            share = lambda kind: 100 * sum(k["share"] for k in kernels  # noqa: E731
+                                           if (k["kernel_type"] == "region") == (kind == "r"))
+            cover.append([Path(path).parent.name, len(kernels), num(share("t")),
+                          num(share("r")), num(share("t") + share("r"))])
+    print("share of op time (%) in the kernel files extract.py wrote (--top)")
+    print(table(["model", "kernels", "types", "regions", "total"], cover))
 
 
 def main(argv=None):
