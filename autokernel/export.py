@@ -88,6 +88,8 @@ def kept_kernels(plan, rows, log=print):
         if ok and is_cuda_kernel(path):
             # it builds through autokernel/cuda_build.py, which the package does not carry
             ok, why = None, f"{why}; a CUDA C++ kernel, which the package cannot build yet"
+        if ok and entry["kernel_type"] == "region":
+            ok, why = None, f"{why}; a region kernel, which the package cannot plug in yet"
         log(f"  {name}: {why}" + ("" if ok else ": left out"))
         if ok:
             kept.append(ShippedKernel(name, entry["kernel_type"], path,
