@@ -142,23 +142,23 @@ def _batch_norm(a):
     """Eval-mode BatchNorm: each channel (dim 1) scaled and shifted by its statistics."""
     if a.raw(5, "training", False):
         raise StarterError("batch_norm in training mode (batch statistics)")
-    y = (f"({a(0)} - {a(1, 'running_mean')}) * "
-         f"tl.rsqrt({a(2, 'running_var')} + {a.raw(7, 'eps', 1e-5)})")
-    if a.raw(3, "weight") is not None:
-        y = f"{y} * {a(3, 'weight')}"
-    if a.raw(4, "bias") is not None:
-        y = f"{y} + {a(4, 'bias')}"
-    return f"({y})"
+    return _affine(a, f"({a(0)} - {a(1, 'running_mean')}) * "
+                      f"tl.rsqrt({a(2, 'running_var')} + {a.raw(7, 'eps', 1e-5)})", 3)
 
 
 def _group_norm(a):
     """GroupNorm's second pass: the group's mean and rstd (its kernel's first pass) applied,
     then each channel's affine."""
-    y = f"({a(0)} - mean) * rstd"
-    if a.raw(2, "weight") is not None:
-        y = f"{y} * {a(2, 'weight')}"
-    if a.raw(3, "bias") is not None:
-        y = f"{y} + {a(3, 'bias')}"
+    return _affine(a, f"({a(0)} - mean) * rstd", 2)
+
+
+def _affine(a, normalized, weight_at):
+    """A norm's optional per-channel weight and bias (arguments weight_at and the next)."""
+    y = normalized
+    if a.raw(weight_at, "weight") is not None:
+        y = f"{y} * {a(weight_at, 'weight')}"
+    if a.raw(weight_at + 1, "bias") is not None:
+        y = f"{y} + {a(weight_at + 1, 'bias')}"
     return f"({y})"
 
 
