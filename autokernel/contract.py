@@ -159,19 +159,22 @@ def night_attrs(entry) -> dict:
     if entry is None:
         return {}
     fixed = {"KERNEL_NAME": entry["name"], "KERNEL_TYPE": entry["kernel_type"]}
-    if entry.get("bench_shapes") is not None:
+    if entry["kernel_type"] == "region":  # a region's setting is its reference, not shapes
+        fixed["KERNELBENCH_PROBLEM"] = (entry.get("region") or {}).get("problem")
+    elif entry.get("bench_shapes") is not None:
         fixed["BENCH_SHAPES"] = [tuple(s) for s in entry["bench_shapes"]]
     return fixed
 
 
 def night_disagreement(attrs, entry, shapes_read=True):
     """The one line bench.py refuses kernel.py with when its KERNEL_NAME, KERNEL_TYPE or
-    BENCH_SHAPES disagree with the kernel the night is on (night_attrs); None when they agree.
+    BENCH_SHAPES (a region's: KERNELBENCH_PROBLEM) disagree with the kernel the night is on
+    (night_attrs); None when they agree.
     shapes_read=False: the file did not parse, so only the names the regex found are compared."""
     fixed = night_attrs(entry)
     undo = ("(git diff kernel.py shows the edit; nothing was judged or recorded; another kernel: "
             "`uv run orchestrate.py install NAME`)")
-    for key in ("KERNEL_NAME", "KERNEL_TYPE", "BENCH_SHAPES"):
+    for key in ("KERNEL_NAME", "KERNEL_TYPE", "BENCH_SHAPES", "KERNELBENCH_PROBLEM"):
         if key not in fixed or (key == "BENCH_SHAPES" and not shapes_read):
             continue
         have, want = attrs.get(key), fixed[key]

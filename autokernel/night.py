@@ -101,13 +101,13 @@ def summary(name, kernel_type, rows, share=None) -> dict:
     """One line of a per-kernel table (strings, '-' where there is nothing to show)."""
     s = kernel_stats(rows)
     best = s["best"]
+    tp = math.nan if best is None else throughput(best, kernel_type)
     return {
         "kernel": name, "type": kernel_type,
         "share": "-" if share is None else f"{100 * share:.1f}%",
         "runs": s["runs"], "kept": s["kept"], "failed": s["failed"],
         "best_us": "-" if best is None else f"{s['best_us']:.1f}",
-        "throughput": "-" if best is None
-        else f"{throughput(best, kernel_type):.4g} {unit(kernel_type)}",
+        "throughput": "-" if math.isnan(tp) else f"{tp:.4g} {unit(kernel_type)}",
         "peak": "-" if math.isnan(s["pct_peak"]) else f"{s['pct_peak']:.0f}%",
         "speedup": "-" if best is None else f"{s['speedup']:.2f}x {s['speedup_basis']}",
     }
