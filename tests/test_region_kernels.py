@@ -250,3 +250,28 @@ def test_verify_plugs_whole_module_regions_in_and_names_the_rest(extracted):
         assert entry["status"] == "not plugged" and "part of the module's forward" in \
             " ".join(entry["fallbacks"]), entry
     assert report["passed"] and "verdict: PASS" in out, out[-2000:]
+
+
+def test_a_night_on_a_region_keeps_it_with_its_library_calls_named(tmp_path):
+    """The loop as program.md runs it, on a region: orchestrate.py installs it as kernel.py and
+    bench.py judges, keeps and commits it like any kernel."""
+    from test_setup_path import fresh_copy, git
+    repo = fresh_copy(tmp_path)
+    (repo / "net.py").write_text(MODEL)
+    git(repo, "add", "net.py")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "the model")
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, *args], cwd=repo, capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+    run("profile.py", "--model", "net.py")
+    run("extract.py", "--top", "2")
+    first = json.loads((repo / "workspace/plan.json").read_text())["kernels"][0]
+    assert first["kernel_type"] == "region", first  # a conv block: most of the model's time
+    assert f"kernel: {first['name']}" in run("orchestrate.py", "next")
+    out = run("bench.py", "-m", "the region's starter")
+    assert f"verdict: KEEP {first['name']}" in out and "library calls a forward: " \
+        "aten.convolution" in out, out[-2000:]
+    assert git(repo, "status", "--porcelain") == ""
