@@ -338,6 +338,17 @@ def attribute_name(param, module):
     return f"m{name}" if name[:1].isdigit() else name  # a Sequential's "0.weight": m0_weight
 
 
+def _names_fx_writes(body):
+    """The imports for the bare names FX's code uses for constants (device('cuda', 0), inf)."""
+    lines = []
+    if re.search(r"\bdevice\(", body):
+        lines.append("from torch import device")
+    used = [n for n in ("inf", "nan") if re.search(rf"(?<![\w.]){n}\b", body)]
+    if used:
+        lines.append(f"from math import {', '.join(used)}")
+    return lines
+
+
 def reference_source(r, seen, origin):
     """A region as a standalone problem file in KernelBench's format: Model holds the region's
     parameters (drawn like the model's own: same shapes, mean and spread) and runs its calls;
@@ -372,7 +383,7 @@ def reference_source(r, seen, origin):
             "Frozen from the forward's captured graph by profile.py: the oracle a region kernel",
             "is judged against. Parameters and inputs are drawn with the real ones' shapes,",
             "means and spreads (verify.py plugs a kernel in with the model's own values).",
-            '"""', "import torch", "import torch.nn as nn", "", "",
+            '"""', "import torch", "import torch.nn as nn", *_names_fx_writes(body), "", "",
             "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
     text += [f"        {line}" for line in inits] or ["        pass"]
     text += ["", f"    def forward(self, {', '.join(args)}):"]

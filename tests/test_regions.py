@@ -204,3 +204,19 @@ def test_a_regions_bound_and_roofline_come_from_its_flops_and_bytes():
     profile_script.add_region(entry, dict(record, flops=1e6), {"tflops": 100.0,
                                                                "bandwidth_gb_s": 1000.0})
     assert entry["bound"] == "memory" and entry["pct_of_roofline"] == 5.0  # 1 us a call
+
+
+class Scaled(nn.Module):  # SwinV2's logit scale: a tensor made on the input's device
+    def forward(self, x):
+        return (x * torch.tensor(2.0, device=x.device).log()).clamp(-float("inf"), 1e4)
+
+
+def test_a_reference_names_the_devices_and_constants_its_code_uses():
+    model = nn.Sequential(nn.Linear(4, 4), Scaled()).eval()
+    found, _ = captured(model, torch.randn(2, 4))
+    (record,) = [r for r in found.values() if r["label"] == "Scaled"]
+    assert "from torch import device" in record["reference"], record["reference"]
+    problem = {}
+    exec(compile(record["reference"], "region.py", "exec"), problem)
+    x = problem["get_inputs"]()[0]
+    assert torch.equal(problem["Model"]()(x), model[1](x))
