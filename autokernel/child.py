@@ -161,6 +161,9 @@ class Runner:
             with torch.no_grad():
                 return model(*inputs.values())
         self.fn, self.previous, self.library = forward, None, frozenset(library)
+        if library:  # the libraries' fp32 is fp32, as the judge's references are (no TF32:
+            torch.backends.cudnn.allow_tf32 = False  # baselines.full_fp32)
+            torch.set_float32_matmul_precision("highest")
         return {"status": "built"}
 
     def call(self, inputs, poison, buffer):

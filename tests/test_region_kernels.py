@@ -275,3 +275,22 @@ def test_a_night_on_a_region_keeps_it_with_its_library_calls_named(tmp_path):
     assert f"verdict: KEEP {first['name']}" in out and "library calls a forward: " \
         "aten.convolution" in out, out[-2000:]
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_a_region_kernels_library_calls_run_in_full_fp32():
+    """cuDNN convolutions run in TF32 by torch's default: a region kernel's fp32 would miss the
+    judge's fp32 references (full fp32) by 1e-3, so its process turns TF32 off."""
+    saved = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    namespace = {}
+    exec(compile("import torch.nn as nn\nclass ModelNew(nn.Module):\n    pass\n", "k.py",
+                 "exec"), namespace)
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        assert Runner(None, namespace["ModelNew"]).build([], 0, "float32",
+                                                         region_kind.LIBRARY_OPS)["status"] \
+            == "built"
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
