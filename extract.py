@@ -252,10 +252,16 @@ model's graph by profile.py): the convolutions and GEMMs are the vendor librarie
 cuBLAS), made as the reference makes them, every run of elementwise ops between them is one
 fused Triton kernel (_fused_<n>: one pass over memory, computed in fp32; a GroupNorm heads its
 run: one program a group of channels), and a pooling or a cat is a kernel of its own. That is
-what torch.compile makes of a region too; the night's work is to go past it: fold an eval-mode
-BatchNorm into the weights once in __init__, fuse the elementwise tail into the GEMM or
-convolution (your own Triton GEMM or convolution with an epilogue), split a GroupNorm's groups
-across programs when there are fewer groups than SMs.
+much what torch.compile makes of a region, with one difference that matters for convolutions:
+torch.compile runs them in channels_last (NHWC) where that pays, and this starter keeps the
+reference's NCHW (on the H100, ResNet18's blocks start at 0.6-0.7x torch.compile, elementwise
+regions at 1.0x). First moves: the convolutions in channels_last (your own transposing copies
+of weights and activations, or the whole block kept NHWC); an eval-mode BatchNorm folded into
+the convolution's weights and bias (a small kernel over the weights in forward: verify.py
+passes each instance's own tensors in at every call, so values made from the parameters in
+__init__ would be the reference's draws, not the model's); the elementwise tail fused into your
+own GEMM or convolution's epilogue; a GroupNorm's groups split across programs when there are
+fewer groups than SMs.
 
 The rules (autokernel/region_kind.py): ModelNew.__init__ draws the reference's parameters in the
 same order and under the same names (the judge builds Model and ModelNew under one seed;
