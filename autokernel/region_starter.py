@@ -173,7 +173,8 @@ def _literal(value):
 
 
 def kind_of(n):
-    """'library', 'view', 'elementwise', or raises StarterError naming the call."""
+    """'library', 'view', 'elementwise' or 'special' (SPECIAL: a kernel of its own), or raises
+    StarterError naming the call."""
     name = op(n)
     if name in LIBRARY:
         return "library"
@@ -285,11 +286,7 @@ class _Args:
     def raw(self, i, name=None, default=None):
         value = arg(self.n, i, name, default) if i is not None else \
             self.n.kwargs.get(name, default)
-        if isinstance(value, Node):
-            return self.names[value]
-        if isinstance(value, torch.dtype) or isinstance(value, str):
-            return value
-        return value
+        return self.names[value] if isinstance(value, Node) else value
 
     def __call__(self, i, name=None):
         value = arg(self.n, i, name)
