@@ -280,7 +280,8 @@ def brief(shapes, most=3):
 def main(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--top", type=int, default=5, help="how many kernels: kernel types and regions, most time first "
+    parser.add_argument("--top", type=int, default=5,
+                        help="how many kernels: kernel types and regions, most time first "
                              "(default 5)")
     parser.add_argument("--types", default=None,
                         help="only these kernel types, comma-separated, e.g. softmax,matmul")

@@ -74,7 +74,8 @@ def _pow(x, e):
 
 def _gelu(x, approximate="none"):
     if approximate == "tanh":
-        return f"(0.5 * {x} * (1 + {_tanh(f'0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})')}))"
+        inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+        return f"(0.5 * {x} * (1 + {_tanh(inner)}))"
     return f"(0.5 * {x} * (1 + tl.erf({x} * 0.7071067811865476)))"
 
 
@@ -114,8 +115,10 @@ ELEMENTWISE = {
     "maximum": lambda a: f"tl.maximum({a(0)}, {a(1)})",
     "minimum": lambda a: f"tl.minimum({a(0)}, {a(1)})",
     "where": lambda a: f"tl.where({a(0)}, {a(1)}, {a(2)})",
-    "leaky_relu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, {a(0)} * {a.raw(1, 'negative_slope', 0.01)})",
-    "elu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, {a.raw(1, 'alpha', 1.0)} * (tl.exp({a(0)}) - 1))",
+    "leaky_relu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, "
+                            f"{a(0)} * {a.raw(1, 'negative_slope', 0.01)})",
+    "elu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, "
+                     f"{a.raw(1, 'alpha', 1.0)} * (tl.exp({a(0)}) - 1))",
     "hardsigmoid": lambda a: f"({_clamp(f'{a(0)} + 3', 0.0, 6.0)} / 6)",
     "hardswish": lambda a: f"({a(0)} * {_clamp(f'{a(0)} + 3', 0.0, 6.0)} / 6)",
     "softplus": lambda a: _softplus(a(0), a.raw(1, "beta", 1.0), a.raw(2, "threshold", 20.0)),
