@@ -20,12 +20,15 @@ del os.environ["AUTOKERNEL_WORKSPACE"]
 
 
 # The files that take longest on two cores, longest first (measured with --durations): with
-# `-n auto --dist loadfile` each worker takes the next file when it finishes one, so starting
-# with the long ones leaves short files for the end and the two workers finish together.
-LONGEST_FIRST = ["test_bench.py", "test_cuda_backend.py", "test_verify.py", "test_overnight.py",
-                 "test_kernels_compute.py", "test_ops.py", "test_program.py", "test_sandbox.py",
-                 "test_starters.py", "test_kernelbench.py", "test_mem_kernels.py",
-                 "test_region_kernels.py", "test_extract.py", "test_bench_starters.py"]
+# `--dist loadfile --no-loadscope-reorder` (pyproject.toml) each worker takes the next file when
+# it runs short, so starting with the long ones leaves short files for the end and the two
+# workers finish together.
+LONGEST_FIRST = ["test_bench.py", "test_cuda_backend.py", "test_ops.py", "test_verify.py",
+                 "test_overnight.py", "test_sandbox.py", "test_program.py",
+                 "test_kernels_compute.py", "test_region_kernels.py", "test_kernelbench.py",
+                 "test_mem_kernels.py", "test_starters.py", "test_extract.py",
+                 "test_bench_starters.py", "test_fusion.py", "test_export.py", "test_profile.py",
+                 "test_hf_models.py", "test_patterns.py", "test_swap.py"]
 
 
 def pytest_collection_modifyitems(items):
