@@ -23,12 +23,12 @@ del os.environ["AUTOKERNEL_WORKSPACE"]
 # `--dist loadfile --no-loadscope-reorder` (pyproject.toml) each worker takes the next file when
 # it runs short, so starting with the long ones leaves short files for the end and the two
 # workers finish together.
-LONGEST_FIRST = ["test_bench.py", "test_cuda_backend.py", "test_ops.py", "test_verify.py",
-                 "test_overnight.py", "test_sandbox.py", "test_program.py",
-                 "test_kernels_compute.py", "test_region_kernels.py", "test_kernelbench.py",
-                 "test_mem_kernels.py", "test_starters.py", "test_extract.py",
-                 "test_bench_starters.py", "test_fusion.py", "test_export.py", "test_profile.py",
-                 "test_hf_models.py", "test_patterns.py", "test_swap.py"]
+LONGEST_FIRST = ["test_bench.py", "test_cuda_backend.py", "test_verify.py", "test_overnight.py",
+                 "test_program.py", "test_ops.py", "test_starters.py", "test_sandbox.py",
+                 "test_region_kernels.py", "test_kernels_compute.py", "test_mem_kernels.py",
+                 "test_kernelbench.py", "test_bench_starters.py", "test_hf_models.py",
+                 "test_profile.py", "test_extract.py", "test_export.py", "test_swap.py",
+                 "test_rocm.py", "test_patterns.py"]
 
 
 def pytest_collection_modifyitems(items):
