@@ -98,18 +98,9 @@ ELEMENTWISE = {
     "hardtanh": lambda a: _clamp(a(0), a.raw(1, "min_val", -1.0), a.raw(2, "max_val", 1.0)),
     "clamp": lambda a: _clamp(a(0), a.raw(1, "min"), a.raw(2, "max")),
     "clip": lambda a: _clamp(a(0), a.raw(1, "min"), a.raw(2, "max")),
-    "sigmoid": lambda a: f"tl.sigmoid({a(0)})",
     "silu": lambda a: f"({a(0)} * tl.sigmoid({a(0)}))",
     "tanh": lambda a: _tanh(a(0)),
     "gelu": lambda a: _gelu(a(0), a.raw(1, "approximate", "none")),
-    "exp": lambda a: f"tl.exp({a(0)})",
-    "log": lambda a: f"tl.log({a(0)})",
-    "sqrt": lambda a: f"tl.sqrt({a(0)})",
-    "rsqrt": lambda a: f"tl.rsqrt({a(0)})",
-    "abs": lambda a: f"tl.abs({a(0)})",
-    "erf": lambda a: f"tl.erf({a(0)})",
-    "sin": lambda a: f"tl.sin({a(0)})",
-    "cos": lambda a: f"tl.cos({a(0)})",
     "square": lambda a: f"({a(0)} * {a(0)})",
     "reciprocal": lambda a: f"(1.0 / {a(0)})",
     "maximum": lambda a: f"tl.maximum({a(0)}, {a(1)})",
@@ -126,6 +117,8 @@ ELEMENTWISE = {
     "batch_norm": lambda a: _batch_norm(a),
     "group_norm": lambda a: _group_norm(a),
     **{name: (lambda a, s=sym: f"({a(0)} {s} {a(1)})") for name, sym in COMPARISONS.items()},
+    **{name: (lambda a, f=name: f"tl.{f}({a(0)})")  # Triton's own elementwise functions
+       for name in ("sigmoid", "exp", "log", "sqrt", "rsqrt", "abs", "erf", "sin", "cos")},
     **{name: (lambda a: a(0)) for name in SAME},
 }
 
@@ -428,14 +421,10 @@ def _out_dtype(n, same):
 
 def _launcher(index, kname, inputs, outputs, shape, ops, grid=None):
     args = [f"x{i}" for i in range(len(inputs))]
-    layouts = [tuple(meta(a)[1]) for a in inputs]
     dtype_of = "x0.dtype"
     lines = [f"def fused_{index}({', '.join(args)}):",
              f'    """{ops}: {len(outputs)} output(s) of shape {tuple(shape)}."""',
-             f"    for x, layout in zip(({', '.join(args)},), {layouts!r}):",
-             "        if x.stride() != layout:  # the kernel's index math assumes these strides",
-             "            raise ValueError(f'fused_" + str(index) +
-             ": an input has strides {x.stride()}, the kernel was written for {layout}')"]
+             *_layout_check(f"fused_{index}", inputs)]
     outs = [f"o{k}" for k in range(len(outputs))]
     for k, n in enumerate(outputs):
         dtype = _out_dtype(n, dtype_of)
@@ -456,12 +445,13 @@ def _pair(value, name):
     return value
 
 
-def _layout_check(index, inputs):
+def _layout_check(launcher, inputs):
+    """A launcher's first lines: its inputs' strides as the kernel's index math assumes them."""
     args = ", ".join(f"x{i}" for i in range(len(inputs)))
     layouts = [tuple(meta(a)[1]) for a in inputs]
     return [f"    for x, layout in zip(({args},), {layouts!r}):",
             "        if x.stride() != layout:  # the kernel's index math assumes these strides",
-            f"            raise ValueError(f'kernel_{index}: an input has strides {{x.stride()}}, "
+            f"            raise ValueError(f'{launcher}: an input has strides {{x.stride()}}, "
             "the kernel was written for {layout}')"]
 
 
@@ -470,9 +460,11 @@ def pool_code(index, n):
     contiguous (N, C, H, W): one program per BLOCK outputs, the window unrolled."""
     name = op(n)
     x = arg(n, 0, "input")
-    (N, C, H, W), (OH, OW) = meta(x)[0], meta(n)[0][-2:]
-    if len(meta(x)[0]) != 4:
-        raise StarterError(f"{name} of a {len(meta(x)[0])}-d input")
+    x_shape, x_strides = meta(x)
+    if len(x_shape) != 4 or tuple(x_strides) != tuple(math.prod(x_shape[d + 1:])
+                                                      for d in range(4)):
+        raise StarterError(f"{name} of a non-contiguous or {len(x_shape)}-d input")
+    (N, C, H, W), (OH, OW) = x_shape, meta(n)[0][-2:]
     if name == "adaptive_avg_pool2d":
         if H % OH or W % OW:
             raise StarterError(f"adaptive_avg_pool2d from {H}x{W} to {OH}x{OW} (unequal windows)")
@@ -532,7 +524,7 @@ def pool_code(index, n):
             lines.append("    acc = acc / tl.maximum(count, 1.0)  # masked lanes: no 0 / 0")
     lines += ["    tl.store(out + offs, acc, mask=mask)", ""]
     launcher = [f"def kernel_{index}(x0):", f'    """{op(n)}: one Triton kernel."""',
-                *_layout_check(index, [x]),
+                *_layout_check(f"kernel_{index}", [x]),
                 f"    out = torch.empty({tuple(meta(n)[0])!r}, device=x0.device, dtype=x0.dtype)",
                 f"    _pool_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
                 "num_warps=NUM_WARPS)", "    return out", ""]
@@ -565,7 +557,7 @@ def cat_code(index, n):
         offset += t_shape[dim]
     args = ", ".join(f"x{i}" for i in range(len(tensors)))
     launcher = [f"def kernel_{index}({args}):", f'    """cat along dim {dim}: a copy kernel an '
-                'input."""', *_layout_check(index, list(tensors)),
+                'input."""', *_layout_check(f"kernel_{index}", list(tensors)),
                 f"    out = torch.empty({tuple(shape)!r}, device=x0.device, dtype=x0.dtype)",
                 *launches, "    return out", ""]
     return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
