@@ -572,7 +572,18 @@ SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2
 def starter_source(problem_path, header):
     """The starter kernel file's text for the region whose reference is at problem_path;
     header: the contract block (KERNEL_TYPE, KERNEL_NAME, KERNELBENCH_PROBLEM, ...) to put
-    after the imports. Raises StarterError."""
+    after the imports. Raises StarterError, also where the generator itself trips on a call's
+    arguments (one line for extract.py, never a traceback)."""
+    try:
+        return _starter_source(problem_path, header)
+    except StarterError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise StarterError(f"the starter generator failed on it ({type(e).__name__}: "
+                           f"{str(e)[:160]})") from None
+
+
+def _starter_source(problem_path, header):
     module = load_module(problem_path)
     torch.manual_seed(0)
     model = module.Model(*module.get_init_inputs()).eval()
