@@ -164,6 +164,15 @@ def bench_shapes(ktype, shapes, cpu):
     return out
 
 
+def write_unless_worked_on(path, source, force):
+    """Write a plan kernel's file, unless one there holds other content (the agent's work) and
+    --force was not given (WorkExists)."""
+    if path.exists() and path.read_text() != source and not force:
+        raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
+                         "to overwrite, skipped")
+    write_kernel_file(path, source)
+
+
 def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=False,
                  backend="triton"):
     """Write workspace/<type>_<rank>.py (cpu: with CPU-scaled BENCH_SHAPES); returns the plan
@@ -184,10 +193,7 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
     shapes = bench_shapes(KERNEL_TYPES[ktype], candidate["shapes"], cpu)
     source = kernel_source(text, name, shapes, profile["dtype"], profile["model"],
                            candidate["shapes"] if cpu else None, candidate.get("variant"))
-    if path.exists() and path.read_text() != source and not force:
-        raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
-                         "to overwrite, skipped")
-    write_kernel_file(path, source)
+    write_unless_worked_on(path, source, force)
     share = candidate["share"]
     return {"rank": rank, "name": name, "kernel_type": ktype, "file": rel(path),
             "shapes": candidate["shapes"], "bench_shapes": shapes, "dtype": profile["dtype"],
@@ -230,10 +236,7 @@ def write_region(candidate, rank, profile, workspace, force):
             f"KERNELBENCH_SHA256 = {state.digest(problem.read_bytes())!r}",
             f"BENCH_DTYPE = {profile['dtype']!r}  # the dtype the model ran in"])}
     source = region_starter.starter_source(problem, header)
-    if path.exists() and path.read_text() != source and not force:
-        raise WorkExists(f"{path} exists with other content (the agent's work?): pass --force "
-                         "to overwrite, skipped")
-    write_kernel_file(path, source)
+    write_unless_worked_on(path, source, force)
     share = candidate["share"]
     return {"rank": rank, "name": name, "kernel_type": "region", "file": rel(path),
             "shapes": candidate["shapes"], "bench_shapes": [], "dtype": profile["dtype"],
