@@ -35,3 +35,10 @@ header() {  # header NAME: what was measured, on which GPU, when, at which commi
     echo "python: $PYTHON ($("${PY[@]}" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>&1 | tail -1))"
     echo "outdir: $OUTDIR"
 }
+
+need_kernelbench() {  # need_kernelbench LEVEL: KERNELBENCH must name that folder of KernelBench
+    if [ -z "${KERNELBENCH:-}" ] || [ ! -d "$KERNELBENCH" ]; then
+        echo "$(basename "$0"): set KERNELBENCH to KernelBench's $1 folder (the problem files)" >&2
+        exit 2
+    fi
+}

@@ -16,10 +16,7 @@
 # an H100, a few minutes for the largest).
 source "$(dirname "$0")/common.sh"
 shift $(( $# < 1 ? $# : 1 ))
-if [ -z "${KERNELBENCH:-}" ] || [ ! -d "$KERNELBENCH" ]; then
-    echo "kernelbench.sh: set KERNELBENCH to KernelBench's level1 folder (the problem files)" >&2
-    exit 2
-fi
+need_kernelbench level1
 KERNELBENCH=$(cd "$KERNELBENCH" && pwd)
 SOLUTIONS=kernels/kernelbench/level1
 problems=$(mktemp -d)

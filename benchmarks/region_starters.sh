@@ -13,10 +13,7 @@
 # region on an H100 (torch.compile of each region included).
 source "$(dirname "$0")/common.sh"
 shift $(( $# < 1 ? $# : 1 ))
-if [ -z "${KERNELBENCH:-}" ] || [ ! -d "$KERNELBENCH" ]; then
-    echo "region_starters.sh: set KERNELBENCH to KernelBench's level3 folder (the model files)" >&2
-    exit 2
-fi
+need_kernelbench level3
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=(9_ResNet18 20_MobileNetV2 28_VisionTransformer 44_MiniGPTBlock)
 TOP=${TOP:-6}

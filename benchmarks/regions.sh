@@ -13,10 +13,7 @@
 # OUTDIR/profile_<name>.{json,log}. About a minute a model on an H100.
 source "$(dirname "$0")/common.sh"
 shift $(( $# < 1 ? $# : 1 ))
-if [ -z "${KERNELBENCH:-}" ] || [ ! -d "$KERNELBENCH" ]; then
-    echo "regions.sh: set KERNELBENCH to KernelBench's level3 folder (the model files)" >&2
-    exit 2
-fi
+need_kernelbench level3
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=(9_ResNet18 20_MobileNetV2 28_VisionTransformer
     30_SwinTransformerV2 44_MiniGPTBlock 45_UNetSoftmax 48_Mamba2ReturnY)
