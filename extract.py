@@ -148,7 +148,10 @@ def shrink(size, cap):
 
 def cpu_shape(ktype, shape):
     """A model shape scaled down for Triton's interpreter (see the module docstring)."""
-    return [shrink(d, cap) for d, cap in zip(shape, cpu_caps(ktype))]
+    scaled = [shrink(d, cap) for d, cap in zip(shape, cpu_caps(ktype))]
+    if ktype.name == "decode_attention":  # as many query heads per key/value head as the model
+        scaled[1] = scaled[2] * (shape[1] // shape[2])
+    return scaled
 
 
 def bench_shapes(ktype, shapes, cpu):

@@ -10,6 +10,8 @@ types or a named group (elementwise, copy/cast, embedding, ...), and rank them.
     uv run profile.py --module transformers --hf-config tiny-llama   # or a local config.json/dir
     uv run profile.py --pretrained ~/models/Llama-3.2-1B --dtype bf16  # real weights, offline
     uv run profile.py --export-trace trace.json.gz   # also a trace for ui.perfetto.dev
+    uv run profile.py --module transformers --hf-config tiny-llama --generate 64x32
+                                                     # generation: the decode step's ops
 
 How the time is attributed: every GPU kernel (on a CPU: every op's self time) belongs to the
 innermost `autokernel::` scope it ran in -- the profiled forwards run the model's captured
@@ -25,6 +27,8 @@ CPU op times (labelled so) and there is no roofline.
 
 profile.json schema (times are per iteration, in microseconds):
   model            str    what was profiled ("models/llama.py LLaMA config=compact (162.4M params)")
+  generate         str    "PROMPTxNEW" when the iterations were decode steps (--generate),
+                          else null
   model_args       dict   the loader flags as given (model, class_name, config, module,
                           hf_config, pretrained, input_shape, dtype, device; null = default), so
                           verify.py can rebuild the same model
@@ -90,8 +94,10 @@ from torch.profiler import ProfilerActivity
 
 from autokernel.baselines import roofline_ceilings
 from autokernel.cli import ArgumentParser, UsageError, describe, run_main
+from autokernel.decode import Step, decoder_for, parse_generate
 from autokernel.graph_capture import recognized_forward
-from autokernel.recognize import GROUP_BOUND, OTHER, REGION, SCOPE_PREFIX, classify_event
+from autokernel.recognize import (GROUP_BOUND, OTHER, REGION, SCOPE_PREFIX, classify_event,
+                                  module_scopes)
 from autokernel.swap import pluggable_types
 from autokernel.workspace import write_json
 from models.load import (ModelError, add_model_args, device_and_dtype,
@@ -113,6 +119,11 @@ def _profile(argv):
                         help="untimed forwards first (default: 3 on a GPU, 1 on a CPU)")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed and profiled forwards (default: 10 on a GPU, 2 on a CPU)")
+    parser.add_argument("--generate", metavar="PROMPTxNEW",
+                        help="profile generation's decode steps instead of a forward: a "
+                             "PROMPT-token prompt (batch from --input-shape) prefilled, then "
+                             "each iteration one step over a static KV cache of PROMPT+NEW, e.g. "
+                             "512x256")
     parser.add_argument("--top", type=int, default=20, help="rows of the printed table")
     parser.add_argument("--output", default=str(autokernel.PROFILE_JSON),
                         help="where to write the JSON (default: workspace/profile.json)")
@@ -128,18 +139,22 @@ def _profile(argv):
             os.makedirs(os.path.dirname(os.path.abspath(args.export_trace)), exist_ok=True)
         except OSError as e:
             raise UsageError(f"--export-trace {args.export_trace}: {describe(e)}") from None
+    generate = parse_generate(args.generate) if args.generate else None
     model, inputs, description = load_model_in_a_dtype_it_runs(
-        args, run_forward, log=lambda line: print(f"profile: {line}", file=sys.stderr))
+        args, _run_forward, log=lambda line: print(f"profile: {line}", file=sys.stderr))
+    workload = DecodeSteps(model, inputs[0].shape[0], *generate) if generate else None
     default_device, dtype = device_and_dtype(args)
     device = next((t.device for t in inputs if torch.is_tensor(t)), default_device)
     on_gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else (3 if on_gpu else 1)
     iters = args.iters if args.iters is not None else (10 if on_gpu else 2)
     print(f"profiling {description} ...", flush=True)
-    result = {"model": description, "model_args": model_args(args), "trace": args.export_trace}
+    result = {"model": description, "model_args": model_args(args), "trace": args.export_trace,
+              "generate": args.generate and "x".join(map(str, generate))}
     try:
         result.update(profile_model(model, inputs, device, dtype, warmup, iters,
-                                    trace=args.export_trace, description=description))
+                                    trace=args.export_trace, description=description,
+                                    workload=workload))
     except torch.cuda.OutOfMemoryError:
         raise ModelError("CUDA out of memory: use a smaller --input-shape or --config") from None
     write_json(args.output, result)
@@ -182,7 +197,7 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def run_forward(model, inputs):
+def _run_forward(model, inputs):
     try:
         return model(*inputs)
     except Exception as e:
@@ -316,13 +331,43 @@ def build_entries(anchors, iters, total_us, dtype, ceilings):
     return entries
 
 
-def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, description=None):
+class DecodeSteps:
+    """--generate: an iteration is one decode step of the model's generation (a random prompt
+    prefilled first, then steps at advancing positions over the static KV cache, refilled when
+    full), run inside the module classes' scopes: capturing the graph of a step is not tried."""
+
+    def __init__(self, model, batch, prompt_len, new):
+        device = next(model.parameters()).device
+        self.decoder = decoder_for(model, batch, prompt_len + new)
+        self.step = Step(self.decoder, batch)
+        vocab = self.decoder.model.config.vocab_size
+        self.prompt = torch.randint(0, vocab, (batch, prompt_len), device=device)
+        self.tokens = torch.randint(0, vocab, (new, batch), device=device)
+        self.prompt_len, self.new, self.done = prompt_len, new, new
+
+    def __call__(self, model=None, inputs=None):
+        if self.done == self.new:
+            self.step.prefill(self.prompt)
+            self.done = 0
+        self.step(self.tokens[self.done], self.prompt_len + self.done)
+        self.done += 1
+
+    @contextmanager
+    def scoped(self, model, *args, **kwargs):
+        with module_scopes(model):
+            yield model
+
+
+def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, description=None,
+                  workload=None):
     """Time the forward without the profiler (and, on a GPU, take its peak memory), then profile
     it; trace: a path to write the profiled forwards to as a Chrome trace; description: the
-    model's, for the regions' reference files. Returns the result dict (profile.json's fields
-    other than model/model_args/trace)."""
+    model's, for the regions' reference files; workload: what an iteration runs instead of a
+    forward (DecodeSteps). Returns the result dict (profile.json's fields other than
+    model/model_args/trace)."""
     on_gpu = device.type == "cuda"
     began = time.perf_counter()
+    run_forward = workload or _run_forward
 
     def step(what):  # a long profile shows where it is
         print(f"  {what} ({time.perf_counter() - began:.1f} s elapsed)", flush=True)
@@ -353,8 +398,9 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, descr
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         prof = torch.profiler.profile(activities=activities, record_shapes=True)
         regions = {}
-        with recognized_forward(model, inputs, skip=skip, regions=regions,
-                                origin=description) as forward:
+        recognized = workload.scoped if workload else recognized_forward
+        with recognized(model, inputs, skip=skip, regions=regions,
+                        origin=description) as forward:
             with _quiet_kineto(not on_gpu):
                 prof.start()
             try:

@@ -10,6 +10,8 @@ the same thing and how much faster it got end to end.
     uv run verify.py --pretrained ~/models/Llama-3.2-1B --dtype bf16   # real weights, offline
     uv run verify.py ... --diagnose       # each kernel alone: which one breaks the model?
     uv run verify.py ... --cuda-graphs    # time as CUDA graph replays (no launch overhead)
+    uv run verify.py --module transformers --hf-config tiny-llama --starters --generate 16x8
+                                          # generation: prefill, decode steps, tokens/s
 
 The model flags are profile.py's (models/load.py); with none given, the flags recorded in the
 profile the plan was extracted from (plan.json's "profile": extract.py --profile; for --kernels
@@ -31,6 +33,8 @@ from pathlib import Path
 from autokernel.cli import ArgumentParser, UsageError, one_line, run_main
 from autokernel.endtoend import GraphCaptureError
 from autokernel.results import rel
+from autokernel.decode import decoder_for, parse_generate
+from autokernel.verify_decode import print_generation, probe, verify_generation
 from autokernel.verify_report import Steps, print_report
 from autokernel.verify_run import PAIRED_ROUNDS, run_steps, verify
 from autokernel.verify_select import idle_entry, kernel_specs, plugged_kernels
@@ -58,16 +62,31 @@ def _verify(argv):
         given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
                          if getattr(args, f, None) is not None)
         print(f"model flags from {rel(profile)}: {given or 'none (the defaults)'}")
+    generate = parse_generate(args.generate) if args.generate else None
+    if generate and (args.diagnose or args.cuda_graphs or args.paired_rounds):
+        raise UsageError("--generate times every variant as CUDA graphs of a step already; "
+                         "drop --diagnose, --cuda-graphs and --paired-rounds")
     steps = Steps(["load the model", "find call sites"] + ["re-gate"] * (not args.no_regate)
-                  + run_steps(args.diagnose, not args.no_timing))
+                  + (["generate with the original"] if generate else
+                     run_steps(args.diagnose, not args.no_timing)))
     steps.start("load the model")
     model, inputs, description = load_model(args)  # before re-gating: its call sites decide
-    kernels, checked, idle = plugged_kernels(args, specs, rows, model, inputs, steps)
+    batch = inputs[0].shape[0] if generate else None
+    if generate:
+        decoder_for(model, batch, sum(generate))  # not a decoder: say so before any re-gate
+    kernels, checked, idle = plugged_kernels(args, specs, rows, model, inputs, steps,
+                                             probe=probe(model, batch) if generate else None)
     refused = {f: c for f, c in checked.items() if not c["passed"]}
     if refused and not kernels:
         first = next(iter(refused.values()))
         raise UsageError(f"every kernel failed its re-gate: {one_line(first['gate'])}", code=1)
     backend = "none" if args.no_compile else args.compile_backend
+    if generate:
+        report = verify_generation(model, kernels, *generate, batch, timing=not args.no_timing,
+                                   repeat=args.repeat, compile_backend=backend,
+                                   description=description, steps=steps)
+        report["kernels"] += [idle_entry(*i) for i in idle]
+        return finish(args, report, checked, refused, print_generation)
     try:
         report = verify(model, inputs, kernels, diagnose=args.diagnose,
                         timing=not args.no_timing, warmup=args.warmup, repeat=args.repeat,
@@ -77,12 +96,17 @@ def _verify(argv):
                         left_out=[idle_entry(*i) for i in idle], steps=steps)
     except GraphCaptureError as e:
         raise UsageError(str(e), code=1) from None
+    return finish(args, report, checked, refused, print_report)
+
+
+def finish(args, report, checked, refused, show):
+    """The re-gates' verdicts into the report, the report printed and written: the exit code."""
     report["regate"] = None if args.no_regate else checked
     for path, c in refused.items():
         report["failures"].append(f"{rel(path)} left out: it failed its re-gate "
                                   f"({c['version'] if c['version_ok'] is False else c['gate']})")
         report["passed"] = False
-    print_report(report)
+    show(report)
     write_json(args.out, report, indent=2)
     print(f"wrote {args.out}")
     return 0 if report["passed"] else 1
@@ -119,6 +143,11 @@ def build_parser():
                         help="time the best variant against torch.compile again in this many "
                              "interleaved rounds, the headline ratio their median (default "
                              f"{PAIRED_ROUNDS} on a GPU, 0 on a CPU; 0: off)")
+    parser.add_argument("--generate", metavar="PROMPTxNEW",
+                        help="verify generation instead of one forward: a PROMPT-token prompt "
+                             "(batch from --input-shape) prefilled, then NEW decode steps over a "
+                             "static KV cache, every step's logits checked, tokens/s per variant "
+                             "(autokernel/verify_decode.py), e.g. 512x256")
     parser.add_argument("--no-timing", action="store_true", help="check correctness only")
     parser.add_argument("--warmup", type=int, help="untimed forwards (default 5 CUDA, 1 CPU)")
     parser.add_argument("--repeat", type=int, help="timed forwards (default 20 CUDA, 3 CPU)")

@@ -87,7 +87,8 @@ def starters_dir(backend="triton"):
 HARNESS_FILES = ("bench.py", "autokernel")
 # The registered kernel types, in the table's order (autokernel.kernel_types.KERNEL_TYPES).
 KERNEL_TYPE_NAMES = ("matmul", "softmax", "layernorm", "rmsnorm", "flash_attention", "fused_mlp",
-                     "cross_entropy", "rotary_embedding", "reduce", "qkv_rotary")
+                     "cross_entropy", "rotary_embedding", "reduce", "qkv_rotary",
+                     "decode_attention")
 
 
 def __getattr__(name):

@@ -129,6 +129,8 @@ CONTRACT_SHAPES = {
     "fused_mlp": lambda t: (t["x"].shape[0], t["x"].shape[1], t["w_gate"].shape[0]),
     "reduce": lambda t: reduce_shape(tuple(t["x"].shape), t["dim"] % t["x"].dim())[0],
     "qkv_rotary": _qkv_shape,
+    "decode_attention": lambda t: (*t["Q"].shape[:2], t["K"].shape[1], t["Q"].shape[2],
+                                   *t["K"].shape[2:]),
 }
 
 

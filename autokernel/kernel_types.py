@@ -123,6 +123,25 @@ def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=N
     return {"Q": q, "K": k, "V": v, "causal": causal, "scale": scale}
 
 
+def _make_decode_attention(shape, dtype, device, gen, ragged=False, scale=None):
+    """A decode step's attention: queries for the newest Sq positions, a static cache of L
+    positions. Default: every sequence's cache full (what the roofline counts). ragged: each
+    sequence its own live length (at least Sq, the first one L), the positions past it holding
+    stale values of another scale, as a reused cache does: a kernel that reads them is wrong."""
+    B, H, Hkv, Sq, L, D = shape
+    Q = _randn((B, H, Sq, D), dtype, device, gen)
+    K, V = (_randn((B, Hkv, L, D), dtype, device, gen) for _ in range(2))
+    lengths = torch.full((B,), L, dtype=torch.int32, device=device)
+    if ragged and L > Sq:
+        lengths = torch.randint(Sq, L + 1, (B,), device=device, generator=gen,
+                                dtype=torch.int32)
+        lengths[0] = L
+        stale = torch.arange(L, device=device)[None, None, :, None] >= lengths[:, None, None,
+                                                                                 None].long()
+        K, V = (t.masked_fill(stale, 20.0) for t in (K, V))
+    return {"Q": Q, "K": K, "V": V, "lengths": lengths, "scale": scale}
+
+
 def _make_fused_mlp(shape, dtype, device, gen, residual=False):
     M, D, F = shape
     inputs = {"x": _randn((M, D), dtype, device, gen),
@@ -253,6 +272,23 @@ def _adv_attention(shape, dtype, device, gen, **options):
     sharp = dict(inp, Q=(inp["Q"].float() * factor).to(dtype),
                  K=(inp["K"].float() * factor).to(dtype))
     return [("sharp scores (online softmax rescaling)", sharp)]
+
+
+def _adv_decode_attention(shape, dtype, device, gen, **options):
+    B, H, Hkv, Sq, L, D = shape
+    options = dict(options, ragged=True)
+    inp = _make_decode_attention(shape, dtype, device, gen, **options)
+    stale = torch.arange(L, device=device)[None, None, :, None] >= inp["lengths"][:, None, None,
+                                                                                  None].long()
+    cases = [("NaN in the cache past the live length",
+              dict(inp, K=inp["K"].masked_fill(stale, float("nan")),
+                   V=inp["V"].masked_fill(stale, float("nan"))))]
+    scale = options.get("scale") or D ** -0.5
+    factor = (SHARP_STD / (scale * D ** 0.5)) ** 0.5
+    cases.append(("sharp scores (online softmax rescaling)",
+                  dict(inp, Q=(inp["Q"].float() * factor).to(dtype),
+                       K=(inp["K"].float() * factor).to(dtype))))
+    return cases
 
 
 def _adv_fused_mlp(shape, dtype, device, gen, **options):
@@ -568,6 +604,29 @@ KERNEL_TYPES = {k.name: k for k in [
                                [(1, 16, 32, 2, 1, 16), (2, 8, 48, 3, 3, 32)],
                                [(1, 16, 32, 2, 2, 16)],
                                [(1, 33, 40, 3, 1, 16), (2, 7, 24, 1, 1, 64)])),
+    KernelType(
+        "decode_attention", ("Q", "K", "V", "lengths", "scale"), ("B", "H", "Hkv", "Sq", "L", "D"),
+        _make_decode_attention, _adv_decode_attention,
+        flops=lambda s, **v: 4 * s[0] * s[1] * s[3] * s[4] * s[5],
+        bytes=lambda s, dt: (2 * s[0] * s[2] * s[4] * s[5] + 2 * s[0] * s[1] * s[3] * s[5])
+        * _es(dt) + 4 * s[0],
+        bound="memory", uses_dot=True,
+        variants=({}, {"ragged": True}, {"ragged": True, "scale": 0.3}),
+        # Llama-3.2-1B's (32 query heads, 8 key/value heads, head 64) at batch 8 after a 512-token
+        # prompt and 256 new ones; then other models' heads, batches, caches and Sq > 1.
+        gpu_shapes=_shape_sets((8, 32, 8, 1, 768, 64),
+                               [(1, 32, 8, 1, 768, 64), (1, 32, 8, 1, 4096, 128),
+                                (8, 32, 8, 1, 2048, 128), (32, 32, 8, 1, 1024, 64),
+                                (4, 16, 16, 1, 8192, 64), (2, 32, 8, 4, 1024, 128),
+                                (16, 12, 12, 1, 1024, 64), (1, 32, 32, 1, 2048, 128)],
+                               [(2, 8, 2, 1, 512, 64)],
+                               [(3, 5, 5, 1, 1023, 64), (1, 8, 2, 1, 1, 128),
+                                (2, 14, 2, 1, 1537, 64), (1, 6, 2, 3, 777, 64),
+                                (2, 4, 4, 1, 300, 96)]),
+        cpu_shapes=_shape_sets((1, 4, 2, 1, 64, 32),
+                               [(2, 4, 2, 1, 40, 16), (1, 2, 2, 2, 33, 32), (1, 8, 1, 1, 100, 64)],
+                               [(1, 2, 1, 1, 32, 16)],
+                               [(3, 3, 3, 1, 17, 16), (1, 2, 2, 1, 1, 32), (1, 2, 1, 1, 9, 48)])),
 ]}
 assert tuple(KERNEL_TYPES) == KERNEL_TYPE_NAMES
 

@@ -211,12 +211,28 @@ GROUP_BOUND = {"elementwise": "memory", "copy/cast": "memory", "embedding": "mem
                "convolution": "compute"}
 
 
+DECODE_MAX_QUERIES = 16  # a decode step's (or a speculative step's) queries; more is a prefill
+
+
+def _decode_shape(shapes):
+    """(B, H, Hkv, Sq, L, D) of an SDPA call that is a generation step's (a few queries over a
+    longer cache under a mask: decode_attention), else None."""
+    q, k = shapes[0], shapes[1]
+    mask = shapes[3] if len(shapes) > 3 else None
+    if len(q) == 4 and len(k) == 4 and mask and q[2] < k[2] and q[2] <= DECODE_MAX_QUERIES \
+            and q[0] == k[0] and q[3] == k[3] and q[1] % k[1] == 0:
+        return (q[0], q[1], k[1], q[2], k[2], q[3])
+    return None
+
+
 def classify_op(name, shapes, concrete):
     """(group, kernel_type, shape or None, note, variant) for an outermost op."""
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
     group, ktype, shape_fn = OP_TABLE.get(name) or OP_TABLE.get(base) or (OTHER, None, None)
     if ktype is None:
         return group, None, None, "", {}
+    if ktype == "flash_attention" and _decode_shape(shapes):
+        return "decode_attention", "decode_attention", _decode_shape(shapes), "", {}
     try:
         shape = shape_fn(shapes, concrete)
     except (IndexError, TypeError, ValueError) as e:

@@ -123,6 +123,35 @@ def flash_attention_library(Q, K, V, causal=True, scale=None):
                                           enable_gqa=K.shape[1] != Q.shape[1])
 
 
+# ---- decode attention: Q[B,Hq,Sq,D] (the newest Sq positions of each sequence) over a static
+# KV cache K/V[B,Hkv,L,D] whose first lengths[b] positions are live (the rest is stale memory a
+# kernel must not read); query i of sequence b sits at position lengths[b] - Sq + i and sees the
+# keys up to it. Query head h reads key/value head h // (Hq/Hkv). ------------------------------
+def _visible(lengths, Sq, L, device):
+    """[B, 1, Sq, L] bool: which cache positions each query sees."""
+    query_pos = lengths.long()[:, None] - Sq + torch.arange(Sq, device=device)  # [B, Sq]
+    return (torch.arange(L, device=device) <= query_pos[..., None])[:, None]
+
+
+def decode_attention(Q, K, V, lengths, scale=None):
+    q, k, v = _up(Q, K, V)
+    L = K.shape[2]
+    live = (torch.arange(L, device=K.device) < lengths.long()[:, None])[:, None, :, None]
+    k, v = k.where(live, 0.0), v.where(live, 0.0)  # stale values (even NaN) weigh nothing
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = (q @ k.transpose(-2, -1)) * (Q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = scores.masked_fill(~_visible(lengths, Q.shape[2], L, Q.device), float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).to(Q.dtype)
+
+
+def decode_attention_eager(Q, K, V, lengths, scale=None):
+    """What a model with a static cache runs: SDPA over the whole cache under a mask."""
+    return F.scaled_dot_product_attention(Q, K, V, attn_mask=_visible(lengths, Q.shape[2],
+                                                                      K.shape[2], Q.device),
+                                          scale=scale, enable_gqa=K.shape[1] != Q.shape[1])
+
+
 # ---- fused SwiGLU MLP: (silu(x w_gate^T) * (x w_up^T)) w_down^T (+ residual[M,D]) -----------
 # residual: the stream the block's MLP output is added to, added last, as matmul's.
 def fused_mlp(x, w_gate, w_up, w_down, residual=None):

@@ -15,7 +15,8 @@ The rules (SWAP_RULES, one entry per kernel type):
     restored on exit; autokernel/patching.py): F.linear, torch.addmm (transformers' Conv1D) and
     x @ W with a 2-D W (matmul, the bias going into the kernel's epilogue),
     F.scaled_dot_product_attention (no mask or dropout; causal or not, any scale, grouped-query
-    heads read by the kernel: flash_attention), F.layer_norm and F.rms_norm over one or several
+    heads read by the kernel: flash_attention; a few queries over a longer static KV cache under
+    a causal mask, a generation step's: decode_attention), F.layer_norm and F.rms_norm over one or several
     trailing dims, with their eps and with or without affine parameters (layernorm, rmsnorm),
     F.softmax / torch.softmax / Tensor.softmax over the last dim (softmax), F.cross_entropy (mean
     over 2-D logits: cross_entropy), torch.sum / Tensor.sum over any one dim (reduce): the
@@ -140,11 +141,14 @@ class Swap:
         # which imports it: import it here, before anything is patched.
         import torch._dynamo  # noqa: F401
         known_to_the_compiler(self.compiled)
-        patches, swapped = [], set()
+        patches, swapped, entries = [], set(), set()
         for ktype, rule in SWAP_RULES.items():
             if self.active(ktype):
                 for (owner, attr), handler in rule.functions.items():
-                    patches.append((owner, attr, patched(self, getattr(owner, attr), handler)))
+                    if (owner, attr) not in entries:  # two types may share one handler
+                        entries.add((owner, attr))
+                        patches.append((owner, attr, patched(self, getattr(owner, attr),
+                                                             handler)))
         for module in model.modules():
             for ktype, rule in SWAP_RULES.items():
                 if not self.active(ktype) or id(module) in swapped:
@@ -231,5 +235,8 @@ SWAP_RULES = {
                                   (T, "sum"): swap_torch.torch_sum}),
     "qkv_rotary": SwapRule(modules=(swap_modules.qkv_rotary_module,),
                            patches=(swap_hf.qkv_patches,)),
+    # the same entry point as flash_attention: one handler tells a decode step's call apart
+    "decode_attention": SwapRule(functions={(F, "scaled_dot_product_attention"):
+                                            swap_torch.sdpa}),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)

@@ -322,13 +322,16 @@ def rotary_module(swap, module):
     original = module.forward
     tables = {}
 
-    def forward(x, offset=0):
+    def forward(x, offset=0, positions=None):
         S, D = x.shape[-2], x.shape[-1]
         if x.dim() != 4 or D != 2 * module.cos.shape[1] or offset + S > module.cos.shape[0] \
                 or x.dtype not in FLOAT_DTYPES:
             swap.fallback("rotary_embedding", "shape or dtype outside the contract")
-            return original(x, offset)
-        c, s = _table_rows(module, tables, offset, S, x.dtype)
+            return original(x, offset, positions)
+        if positions is not None:  # a generation step's rows, gathered on the device
+            c, s = (t[positions].to(x.dtype) for t in (module.cos, module.sin))
+        else:
+            c, s = _table_rows(module, tables, offset, S, x.dtype)
         return swap.run("rotary_embedding", x=x.contiguous(), cos=c, sin=s)
     return forward
 

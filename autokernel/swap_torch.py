@@ -17,7 +17,7 @@ import torch
 
 from autokernel.kernel_call import FLOAT_DTYPES
 from autokernel.patching import FALLBACK, capturing
-from autokernel.recognize import is_last_dim, one_dim
+from autokernel.recognize import DECODE_MAX_QUERIES, is_last_dim, one_dim
 
 
 def as_rows(x):
@@ -72,6 +72,16 @@ def matmul(swap, input, other):
 
 def sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
+    """A prefill's attention (queries and keys of one length: flash_attention) or a decode
+    step's (a few queries over a longer cache under a mask: decode_attention)."""
+    if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and query.dim() == 4 \
+            and key.dim() == 4 and query.shape[2] < key.shape[2]:
+        if not swap.active("decode_attention"):
+            return FALLBACK
+        return decode_sdpa(swap, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                           enable_gqa)
+    if not swap.active("flash_attention"):
+        return FALLBACK
     reason = None
     if attn_mask is not None:
         reason = "attention mask"
@@ -90,6 +100,52 @@ def sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
         return swap.fallback("flash_attention", reason)
     return swap.run("flash_attention", Q=_heads(query), K=_heads(key), V=_heads(value),
                     causal=bool(is_causal), scale=None if scale is None else float(scale))
+
+
+def decode_sdpa(swap, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Queries for the newest Sq positions over a static cache of L > Sq positions, the mask
+    saying which positions each query sees: the kernel takes each sequence's live length, read
+    on the device from the mask's last query row (so a CUDA graph of the step replays any
+    position). That is exact when the mask is causal over a live prefix of the cache, which the
+    swap checks on every eager call (it reads the mask back: a sync) and trusts while a graph is
+    captured or the model compiled, where the eager run has already checked the same call."""
+    B, H, Sq, D = query.shape
+    L, reason = key.shape[2], None
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.dim() in (2, 4) and Sq > 1 \
+            and attn_mask.shape[-2] == 1 and not is_causal:
+        # Every query sees the same positions: they are query heads of one position
+        # (transformers folds grouped-query heads into the query length this way).
+        out = decode_sdpa(swap, query.reshape(B, H * Sq, 1, D), key, value, attn_mask,
+                          dropout_p, is_causal, scale, True)
+        return out if out is FALLBACK else out.reshape(B, H, Sq, D)
+    if attn_mask is None or is_causal:
+        reason = "no mask over the cache (or is_causal with keys longer than queries)"
+    elif dropout_p:
+        reason = "dropout"
+    elif value.shape != key.shape or key.shape[0] != B or key.shape[3] != D:
+        reason = "query/key/value shapes differ"
+    elif query.dtype not in FLOAT_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        reason = "dtype outside the contract"
+    elif Sq > DECODE_MAX_QUERIES:
+        reason = f"more than {DECODE_MAX_QUERIES} queries over the cache (a prefill)"
+    elif H % key.shape[1] or (H != key.shape[1] and not enable_gqa):
+        reason = "head counts differ"
+    elif attn_mask.dim() not in (2, 4) or attn_mask.shape[-1] != L \
+            or attn_mask.shape[-2] not in (1, Sq) \
+            or (attn_mask.dim() == 4 and (attn_mask.shape[1] != 1
+                                          or attn_mask.shape[0] not in (1, B))):
+        reason = "mask is not [Sq, L] or [B or 1, 1, Sq, L]"
+    if reason:
+        return swap.fallback("decode_attention", reason)
+    seen = attn_mask if attn_mask.dtype == torch.bool else attn_mask == 0  # additive: 0 or -inf
+    seen = (seen[:, 0] if seen.dim() == 4 else seen[None]).expand(B, Sq, L)
+    lengths = seen[:, -1].sum(-1, dtype=torch.int32)
+    if not capturing():
+        query_pos = lengths[:, None].long() - Sq + torch.arange(Sq, device=query.device)
+        if not torch.equal(seen, torch.arange(L, device=query.device) <= query_pos[..., None]):
+            return swap.fallback("decode_attention", "mask is not causal over a live prefix")
+    return swap.run("decode_attention", Q=query, K=key, V=value, lengths=lengths,
+                    scale=None if scale is None else float(scale))
 
 
 def _heads(t):

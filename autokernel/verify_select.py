@@ -110,18 +110,19 @@ def select_kernels(args, specs=None, rows=None):
     return kernels, checked
 
 
-def without_call_sites(specs, model, inputs, among=()):
+def without_call_sites(specs, model, inputs, among=(), probe=None):
     """The kernel files whose type has no call site in this model beside the other files' types
     (and `among`'s), found by one forward with the references of those types plugged in
     (swap.pluggable_types), the types read from the files' text. They are neither re-gated nor
     imported: a re-gate costs a child process and the stages, and GPT-2 calls 3 of the 10
     starters' types. An unknown type, or one that contradicts the plan, is kept for the re-gate and
     load_kernel to refuse; a model whose forward fails here keeps every file (verify() then
-    reports the failure). -> (the specs to plug in, [(spec, name, type)] left out)."""
+    reports the failure). probe(model): the run to look in instead of a forward of `inputs`
+    (a generation's steps). -> (the specs to plug in, [(spec, name, type)] left out)."""
     attrs = {spec[0]: read_file_attrs(spec[0])[0] for spec in specs}
     types = {spec[0]: attrs[spec[0]].get("KERNEL_TYPE") for spec in specs}
     try:
-        plugged = pluggable_types(model, lambda m: forward(m, inputs),
+        plugged = pluggable_types(model, probe or (lambda m: forward(m, inputs)),
                                   set(types.values()) | set(among))
     except Exception as e:  # noqa: BLE001
         print(f"could not check which kernel types have call sites: {describe(e)}")
@@ -136,14 +137,14 @@ def without_call_sites(specs, model, inputs, among=()):
     return kept, idle
 
 
-def plugged_kernels(args, specs, rows, model, inputs, steps=None):
+def plugged_kernels(args, specs, rows, model, inputs, steps=None, probe=None):
     """The files with call sites in this model (without_call_sites), re-gated and imported
     (select_kernels). A file refused by its re-gate gives its call sites back: the files left
     out beside it are checked again. -> (kernels, {file: re-gate result}, [(spec, name, type)]
     left out). steps: the run's progress lines (verify_report.Steps)."""
     steps = steps or Steps([])
     steps.start("find call sites", "one forward with the kernel types' references plugged in")
-    specs, idle = without_call_sites(specs, model, inputs)
+    specs, idle = without_call_sites(specs, model, inputs, probe=probe)
     if idle:
         files = "starters" if args.starters else "kernel files"
         print(f"{len(idle)} of {len(specs) + len(idle)} {files} have no call site in this model "
@@ -158,7 +159,7 @@ def plugged_kernels(args, specs, rows, model, inputs, steps=None):
     refused = [f for f, c in checked.items() if not c["passed"]]
     if refused and idle:
         back, idle = without_call_sites([spec for spec, _, _ in idle], model, inputs,
-                                        among={k.kernel_type for k in kernels})
+                                        among={k.kernel_type for k in kernels}, probe=probe)
         if back:
             print(f"with {len(refused)} file(s) refused, {len(back)} more have call sites: "
                   f"{', '.join(rel(spec[0]) for spec in back)}")

@@ -73,11 +73,13 @@ class RotaryEmbedding(nn.Module):
             self.cos, self.sin = self._tables(self.cos.device)
         return self
 
-    def forward(self, x, offset=0):
-        """x: [B, H, S, D]; positions offset .. offset+S-1."""
+    def forward(self, x, offset=0, positions=None):
+        """x: [B, H, S, D]; positions offset .. offset+S-1, or `positions` (an int tensor [S] on
+        x's device: a decode step's, read on the device so the step can be a CUDA graph)."""
         S, half = x.shape[-2], x.shape[-1] // 2
-        cos = self.cos[offset:offset + S].to(x.dtype)
-        sin = self.sin[offset:offset + S].to(x.dtype)
+        rows = slice(offset, offset + S) if positions is None else positions
+        cos = self.cos[rows].to(x.dtype)
+        sin = self.sin[rows].to(x.dtype)
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 

@@ -48,13 +48,36 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.rotary = RotaryEmbedding(self.head_dim, cfg.max_seq, cfg.rope_base)
 
-    def forward(self, x):
+    def forward(self, x, cache=None, positions=None):
         B, S, C = x.shape
         q, k, v = (w(x).view(B, S, self.n_head, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
-        q, k = self.rotary(q), self.rotary(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is None:
+            q, k = self.rotary(q), self.rotary(k)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # generation: this step's keys/values join the cache, queries read all of it
+            q, k = self.rotary(q, positions=positions), self.rotary(k, positions=positions)
+            k, v = cache.update(positions, k, v)
+            visible = torch.arange(k.shape[2], device=x.device) <= positions[:, None]  # causal
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         return self.wo(y.transpose(1, 2).reshape(B, S, C))
+
+
+class KVCache(nn.Module):
+    """A static key/value cache [B, H, max_len, D] for generation: a step writes its positions
+    in place (index_copy_ at a device tensor of positions), so every step has the same shapes
+    and one CUDA graph replays any of them. Positions not written yet are masked out."""
+
+    def __init__(self, batch, heads, max_len, head_dim, dtype, device):
+        super().__init__()
+        shape = (batch, heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
+
+    def update(self, positions, k, v):
+        self.k.index_copy_(2, positions, k)
+        self.v.index_copy_(2, positions, v)
+        return self.k, self.v
 
 
 class Block(nn.Module):
@@ -65,8 +88,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.eps)
         self.mlp = SwiGLU(cfg.dim, cfg.hidden)
 
-    def forward(self, x):
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x, cache=None, positions=None):
+        x = x + (self.attn(self.attn_norm(x)) if cache is None else
+                 self.attn(self.attn_norm(x), cache, positions))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -81,12 +105,23 @@ class LLaMA(nn.Module):
         if not self.embed.weight.is_meta:
             init_weights(self)
 
-    def forward(self, idx, targets=None):
+    def new_cache(self, batch, max_len):
+        """One KVCache per block, for forward(idx, cache=..., positions=...)."""
+        cfg, w = self.config, self.lm_head.weight
+        if max_len > cfg.max_seq:
+            raise ValueError(f"cache length {max_len} exceeds max_seq {cfg.max_seq}")
+        return nn.ModuleList(KVCache(batch, cfg.n_head, max_len, cfg.dim // cfg.n_head, w.dtype,
+                                     w.device) for _ in self.blocks)
+
+    def forward(self, idx, targets=None, cache=None, positions=None):
+        """idx [B, S] -> logits [B, S, vocab]. Generation passes a new_cache() and the steps'
+        positions (an int64 tensor [S] on the device); without them the whole sequence is one
+        causal forward."""
         if idx.shape[1] > self.config.max_seq:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq {self.config.max_seq}")
         x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x) if cache is None else block(x, cache[i], positions)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits
