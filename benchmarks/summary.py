@@ -8,6 +8,7 @@ commands wrote: rows ready to paste into BENCHMARKS.md.
     python3 benchmarks/summary.py gate OUTDIR/gate_speed.tsv             # gate_speed.sh's runs
     python3 benchmarks/summary.py profile OUTDIR/profile_*.json          # profile.py's, per model
     python3 benchmarks/summary.py regions OUTDIR/*/results.tsv           # region_starters.sh's
+    python3 benchmarks/summary.py generation OUTDIR/generate_b*.json     # verify.py --generate's
 
 kernelbench merges its reports (a problem scored twice: the later file's row) and gives fast_p
 over all of them, so the problems can be scored in several calls.
@@ -166,22 +167,49 @@ def regions(paths):
     print(table(["model", "kernels", "types", "regions", "total"], cover))
 
 
+def generation(paths):
+    rows = []
+    for path in paths:
+        if not Path(path).is_file():
+            rows.append([Path(path).stem, "no report (verify.py stopped: see its log)"] + [""] * 7)
+            continue
+        g = json.loads(Path(path).read_text())
+        v, w = g["variants"], g["workload"]
+
+        def rate(name):
+            e = v.get(name) or {}
+            if not e:
+                return "-"
+            if not e["correctness"]["passed"]:
+                return "FAIL"
+            return f"{num(e['tokens_per_s'], 0)} ({num(e['roofline_pct'], 0, '%')})"
+        rows.append([f"b{w['batch']} {w['prompt']}+{w['new']}", g["device"],
+                     "PASS" if g["passed"] else "FAIL", num(g["roofline_tokens_per_s"], 0)]
+                    + [rate(n) for n in ("eager", "eager, CUDA graph", "torch.compile",
+                                         "kernels", "torch.compile + kernels")]
+                    + [num(g.get("best_speedup_vs_compile"), 3, "x")])
+    print("generation (tokens/s over the decode steps, and the share of the bandwidth roofline)")
+    print(table(["workload", "device", "logits", "roofline", "eager", "eager graph",
+                 "torch.compile", "kernels", "compile+kernels", "best/compile"], rows))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     parser.add_argument("what", choices=("starters", "verify", "kernelbench", "gate", "profile",
-                                         "regions"))
+                                         "regions", "generation"))
     parser.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
     if args.what in ("starters", "gate") and len(args.files) != 1:
         parser.error(f"{args.what} reads one file")
     missing = [f for f in args.files if not Path(f).is_file()]
-    if missing and args.what not in ("verify", "profile", "regions"):
+    if missing and args.what not in ("verify", "profile", "regions", "generation"):
         print(f"summary.py: {', '.join(missing)} not found: the benchmark wrote no report "
               f"(see its log)", file=sys.stderr)
         return 1
     {"starters": lambda: starters(args.files[0]), "verify": lambda: verify(args.files),
      "kernelbench": lambda: kernelbench(args.files), "gate": lambda: gate(args.files[0]),
-     "profile": lambda: profiles(args.files), "regions": lambda: regions(args.files)}[
+     "profile": lambda: profiles(args.files), "regions": lambda: regions(args.files),
+     "generation": lambda: generation(args.files)}[
         args.what]()
     return 0
 
