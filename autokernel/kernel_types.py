@@ -126,16 +126,14 @@ def _make_attention(shape, dtype, device, gen, causal=True, kv_groups=1, scale=N
 def _make_decode_attention(shape, dtype, device, gen, ragged=False, scale=None):
     """A decode step's attention: queries for the newest Sq positions, a static cache of L
     positions. Default: every sequence's cache full (what the roofline counts). ragged: each
-    sequence its own live length (at least Sq, the first one L), the positions past it holding
-    stale values of another scale, as a reused cache does: a kernel that reads them is wrong."""
+    sequence its own live length, from Sq to L - 1, the positions past it holding stale values
+    of another scale, as a reused cache does: a kernel that reads them is wrong."""
     B, H, Hkv, Sq, L, D = shape
     Q = _randn((B, H, Sq, D), dtype, device, gen)
     K, V = (_randn((B, Hkv, L, D), dtype, device, gen) for _ in range(2))
     lengths = torch.full((B,), L, dtype=torch.int32, device=device)
     if ragged and L > Sq:
-        lengths = torch.randint(Sq, L + 1, (B,), device=device, generator=gen,
-                                dtype=torch.int32)
-        lengths[0] = L
+        lengths = torch.randint(Sq, L, (B,), device=device, generator=gen, dtype=torch.int32)
         stale = torch.arange(L, device=device)[None, None, :, None] >= lengths[:, None, None,
                                                                                  None].long()
         K, V = (t.masked_fill(stale, 20.0) for t in (K, V))

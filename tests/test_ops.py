@@ -27,7 +27,8 @@ TINY = custom.CustomConfig(vocab_size=128, max_seq=32, n_layer=1, n_head=2, dim=
 CUSTOM_TYPES = ("matmul", "softmax", "layernorm", "reduce", "cross_entropy")
 SMALL = {"matmul": (8, 16, 32), "softmax": (4, 24), "layernorm": (4, 24), "rmsnorm": (4, 24),
          "flash_attention": (1, 2, 16, 16), "fused_mlp": (8, 16, 32), "cross_entropy": (8, 24),
-         "rotary_embedding": (1, 2, 8, 16), "reduce": (4, 24), "qkv_rotary": (1, 8, 16, 2, 1, 16)}
+         "rotary_embedding": (1, 2, 8, 16), "reduce": (4, 24), "qkv_rotary": (1, 8, 16, 2, 1, 16),
+         "decode_attention": (2, 4, 2, 1, 24, 16)}
 
 
 def kernel(name):
