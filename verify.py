@@ -38,7 +38,7 @@ from autokernel.verify_decode import print_generation, probe, verify_generation
 from autokernel.verify_report import Steps, print_report
 from autokernel.verify_run import PAIRED_ROUNDS, run_steps, verify
 from autokernel.verify_select import idle_entry, kernel_specs, plugged_kernels
-from autokernel.workspace import read_plan, recorded_model_args, write_json
+from autokernel.workspace import read_plan, read_profile, recorded_model_args, write_json
 from models.load import MODEL_FLAGS, add_model_args, check_model_args, load_model
 
 
@@ -59,8 +59,8 @@ def _verify(argv):
     specs, rows = kernel_specs(args)
     profile = reuse_profile_flags(args)
     if profile:
-        given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in MODEL_FLAGS
-                         if getattr(args, f, None) is not None)
+        given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}"
+                         for f in MODEL_FLAGS + ("generate",) if getattr(args, f, None) is not None)
         print(f"model flags from {rel(profile)}: {given or 'none (the defaults)'}")
     generate = parse_generate(args.generate) if args.generate else None
     if generate and (args.diagnose or args.cuda_graphs or args.paired_rounds):
@@ -171,6 +171,8 @@ def reuse_profile_flags(args):
     for f in MODEL_FLAGS:
         if recorded.get(f) is not None:
             setattr(args, f, recorded[f])
+    if recorded and args.generate is None:  # a profile of generation: verify generation
+        args.generate = read_profile(profile).get("generate")
     return profile if recorded else None
 
 
