@@ -6,7 +6,7 @@ Triton and, on Hopper, in Gluon (Triton's lower-level dialect).
     C = kernel_fn(A=A, B=B, bias=None, activation=None, residual=None)
     uv run bench.py            # after extract.py (or you) copied this file to kernel.py
 
-Four launch paths. All keep an fp32 accumulator per BLOCK_M x BLOCK_N tile of C, walk K in
+Five launch paths. All keep an fp32 accumulator per BLOCK_M x BLOCK_N tile of C, walk K in
 BLOCK_K steps, and visit tiles in groups of GROUP_M tile rows, column by column, so that the
 tiles in flight at once share A row-panels and B column-panels in L2:
   * Hopper kernel (Gluon; half precision on an H100/H200, >= 2^30 multiply-adds, A with
@@ -37,8 +37,14 @@ tiles in flight at once share A row-panels and B column-panels in L2:
     allocation, more arguments): a ~30 us product called eagerly is bound by the host.
   * TMA path, one tile per program (large fp32 or tiny-M problems on Hopper): the same descriptors,
     made on the host.
-  * Pointer path (everything else: odd strides such as K=1023 rows, tiny M, older GPUs, the CPU
+  * Pointer path (everything else: odd strides such as K=1023 rows, older GPUs, the CPU
     interpreter): plain masked loads that honour any strides, e.g. B = W.t() from F.linear.
+  * Skinny path (M <= SKINNY_MAX_M = 16, a generation step's rows, no LayerNorm): split-K. With
+    one program per column block, a 2048-wide projection at M = 1 is 32 programs walking all
+    of K on 132 SMs, and B, the whole traffic, streams at a fraction of the bandwidth. Here a
+    program takes a 64-column block of one slice of K (slices until ~4 programs per SM) and
+    writes fp32 partial sums for the M real rows; a second kernel adds the slices in a fixed
+    order and applies the epilogue. Not yet measured on a GPU.
 
 Bias (F.linear's, transformers' Conv1D's): added in the epilogue, so C makes one trip through
 memory. Each program loads the BLOCK_N bias values of its column block once, after the K loop,
@@ -76,7 +82,8 @@ fp32 inputs: tl.dot with input_precision="tf32x3" (each operand split into a tf3
 part, three tensor-core products, fp32 accumulate): ~1e-6 relative error, well inside the 1e-4
 tolerance, at several times the speed of plain fp32 FMA math. Plain tf32 (~1e-3) would fail it.
 
-Deterministic: no atomics, no split-K; each C element is summed by one program in a fixed order.
+Deterministic: no atomics; each C element is summed in a fixed order (by one program, or by the
+skinny path's slices added in slice order).
 Tried and slower: the cooperative tile's C kept in registers and stored under the next tile's
 first products (as the CUDA starter does): 0.88x cuBLAS against 1.01x at 8192x2304x768; again,
 bit-identical and 1-9% slower at every GPT-2 GEMM and at 4096^3 (no spills, no wgmma
@@ -95,7 +102,8 @@ add folded into the epilogue, its tile arriving by TMA while the products run.
 Things to try: the Hopper kernel's schedule per shape (pick_hopper_config), split-K where the
 tiles leave the last wave of SMs half empty (N = 768: 192 or 384 tiles on 132 SMs; stream-K lost
 in the CUDA starter), tall ping-pong tiles for an activation without
-a norm once their statistics fit the registers, split-K for tiny M.
+a norm once their statistics fit the registers; for tiny M, the skinny path's tile and slice
+count per shape, and B's tiles by TMA.
 GELU costs 5-10 us at GPT-2's 8192x3072x768 in every schedule (cooperative 128x256:
 65.0 us without it, 77.3 with, before its arithmetic was trimmed by ~2 us): computed under the
 next tile's products it would be the largest lever left at GPT-2, once a deferred epilogue is
@@ -156,6 +164,53 @@ def _add_residual(acc, res_ptr, stride_rm, offs_m, offs_n, M, N, HAS_RESIDUAL: t
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     return acc
+
+
+@triton.jit
+def skinny_partial_kernel(a_ptr, b_ptr, part_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                          stride_bn, K_PER_SPLIT, PRECISION: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A generation step's product, a few rows of A (M <= SKINNY_MAX_M) times all of B: a
+    program per (column block, slice of K), so that B, which is all the traffic, streams
+    through every SM even where N is narrow. Writes the slice's fp32 sums for the M real rows
+    to part[slice, M, N]."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=(rows[:, None] < M) & (ks[None, :] < k_end), other=0.0)
+        b = tl.load(b_ptr + ks[:, None].to(tl.int64) * stride_bk + cols[None, :] * stride_bn,
+                    mask=(ks[:, None] < k_end) & (cols[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    out = part_ptr + (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+    tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def skinny_epilogue_kernel(part_ptr, c_ptr, bias_ptr, res_ptr, M, N, SPLITS, stride_cm,
+                           stride_rm, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                           HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    """The slices' sums added in slice order (deterministic: no atomics), then the epilogue
+    every path has: bias, activation, residual, one rounding to C's dtype."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLITS):
+        acc += tl.load(part_ptr + (s * M + rows[:, None]).to(tl.int64) * N + cols[None, :],
+                       mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    acc = _activate(acc, ACTIVATION)
+    acc = _add_residual(acc, res_ptr, stride_rm, rows, cols, M, N, HAS_RESIDUAL)
+    tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :],
+             acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -948,6 +1003,8 @@ def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_b
     has_bias, has_res = bias is not None, residual is not None
     bias_arg = bias if has_bias else C  # any valid pointer: the load is compiled out
     res_arg, res_rs = (residual, residual.stride(0)) if has_res else (C, 0)
+    if M <= SKINNY_MAX_M and colsum is None and config is None and tma is None and not hopper:
+        return matmul_skinny(A, B, bias, activation, residual, C)
     if hopper is None:
         hopper = config is None and tma is None and _hopper_ok(A, B, C, residual)
     if hopper:
@@ -1012,6 +1069,42 @@ def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_b
                                 CENTRED=A.dtype == torch.float32,
                                 num_warps=cfg["num_warps"],
                                 num_stages=cfg["num_stages"])
+    return C
+
+
+SKINNY_MAX_M = 16  # rows of a generation step (the batch) or fewer: split-K
+
+
+@functools.lru_cache(maxsize=None)
+def skinny_config(N, K, sms):
+    """(BLOCK_N, BLOCK_K, K per slice, slices): 64 x 128 tiles of B (128-byte rows in half
+    precision), and slices of K until there are about four programs per SM."""
+    block_n, block_k = 64, 128
+    k_blocks = -(-K // block_k)
+    wanted = max(1, min(k_blocks, -(-4 * sms // -(-N // block_n))))
+    per_split = -(-k_blocks // wanted) * block_k
+    return block_n, block_k, per_split, -(-K // per_split)
+
+
+def matmul_skinny(A, B, bias, activation, residual, C):
+    """C = activation(A @ B + bias) + residual for M <= SKINNY_MAX_M (skinny_partial_kernel,
+    then skinny_epilogue_kernel). The partial sums cost M * N * 4 bytes a slice, written and
+    read once: a few percent of B's bytes at M = 1."""
+    M, K = A.shape
+    N = B.shape[1]
+    sms = _num_sms(A.device.index) if A.is_cuda else 4
+    block_n, block_k, per_split, splits = skinny_config(N, K, sms)
+    part = torch.empty((splits, M, N), device=A.device, dtype=torch.float32)
+    n_blocks = -(-N // block_n)
+    skinny_partial_kernel[(n_blocks, splits)](
+        A, B, part, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), per_split,
+        PRECISION=_dot_precision(A.dtype), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=3)
+    skinny_epilogue_kernel[(n_blocks,)](
+        part, C, C if bias is None else bias, C if residual is None else residual, M, N,
+        splits, C.stride(0), 0 if residual is None else residual.stride(0),
+        HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
+        BLOCK_M=16, BLOCK_N=block_n, num_warps=4)
     return C
 
 

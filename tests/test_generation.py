@@ -158,3 +158,19 @@ def test_profile_generate_ranks_the_decode_steps_ops(tmp_path):
     decode = [e for e in profile["entries"] if e["kernel_type"] == "decode_attention"]
     assert decode and decode[0]["shapes"][0] == [2, 4, 4, 1, 24, 32]
     assert {"rmsnorm", "fused_mlp", "matmul"} <= {e["kernel_type"] for e in profile["entries"]}
+
+
+def test_matmul_starter_splits_k_for_a_decode_steps_rows():
+    """M <= 16 (a generation step's batch) takes the split-K path: K cut into slices across
+    programs, the slices added in order with the epilogue after; it agrees with the oracle."""
+    from autokernel.contract import load_module
+    matmul = load_module(autokernel.KERNELS_DIR / "matmul.py")
+    gen = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 1024, generator=gen).half()
+    W = torch.randn(40, 1024, generator=gen).half()  # as F.linear holds it: B = W.t()
+    bias, residual = torch.randn(40, generator=gen).half(), torch.randn(3, 40, generator=gen).half()
+    assert matmul.skinny_config(40, 1024, 4)[3] == 8  # eight slices of K
+    got = matmul.kernel_fn(A=A, B=W.t(), bias=bias, activation="gelu_tanh", residual=residual)
+    want = autokernel.KERNEL_TYPES["matmul"].reference(A=A, B=W.t(), bias=bias,
+                                                       activation="gelu_tanh", residual=residual)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
