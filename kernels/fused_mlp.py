@@ -28,8 +28,14 @@ kernel (one program per SM looping over tiles in one flattened pipeline, descrip
 the device, the tile stored in two column halves), so a tile's epilogue overlaps the next
 tile's loads; a pointer path honouring any strides otherwise, and tf32x3 dots for fp32 inputs
 (~1e-6 error against the 1e-4 tolerance).
+A generation step's few rows (M <= SKINNY_MAX_M = 16) take a split-K path in both GEMMs: each
+program a 64-column block of one slice of K (slices until ~4 programs per SM: at M = 1 a
+2048-wide down projection would otherwise be 32 programs on 132 SMs), fp32 partial sums, then
+a kernel adding the slices in order with silu(gate) * up or the residual. Not yet measured.
 Things to try: the down projection in the Gluon kernel, ping-pong tiles for the gated GEMM at
-small K (slower at 64 rows: 324 us at 16384x768x3072), fusing the down projection.
+small K (slower at 64 rows: 324 us at 16384x768x3072), fusing the down projection; at decode,
+the skinny path's tiles and slices per shape, and the down projection started while the gate
+slices finish.
 """
 import functools
 
@@ -128,6 +134,67 @@ def mlp_gemm_ptr_kernel(a_ptr, w1_ptr, w2_ptr, c_ptr, res_ptr, M, N, K,
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc1.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def skinny_partial_kernel(a_ptr, w1_ptr, w2_ptr, part_ptr, M, N, K, stride_am, stride_ak,
+                          stride_w1n, stride_w1k, stride_w2n, stride_w2k, K_PER_SPLIT,
+                          GATED: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A generation step's few rows (M <= SKINNY_MAX_M) against all of the weights: a program
+    per (column block, slice of K), so the weights, which are all the traffic, stream through
+    every SM even where N is narrow. Writes the slice's fp32 sums of a @ w1^T (and a @ w2^T
+    when GATED, at part[.., 1]) for the M real rows to part[slice, 1 or 2, M, N]."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=(rows[:, None] < M) & (ks[None, :] < k_end), other=0.0)
+        w_mask = (ks[:, None] < k_end) & (cols[None, :] < N)
+        w1 = tl.load(w1_ptr + ks[:, None] * stride_w1k + cols[None, :].to(tl.int64) * stride_w1n,
+                     mask=w_mask, other=0.0)
+        acc1 = tl.dot(a, w1, acc1, input_precision=PRECISION)
+        if GATED:
+            w2 = tl.load(w2_ptr + ks[:, None] * stride_w2k
+                         + cols[None, :].to(tl.int64) * stride_w2n, mask=w_mask, other=0.0)
+            acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    parts: tl.constexpr = 2 if GATED else 1
+    out = part_ptr + ((pid_k * parts) * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+    tl.store(out, acc1, mask=mask)
+    if GATED:
+        tl.store(out + M * N, acc2, mask=mask)
+
+
+@triton.jit
+def skinny_epilogue_kernel(part_ptr, c_ptr, res_ptr, M, N, SPLITS, stride_cm, stride_rm,
+                           GATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The slices' sums added in slice order (deterministic: no atomics), then silu(gate) * up
+    or the residual, one rounding to c's dtype."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    parts: tl.constexpr = 2 if GATED else 1
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLITS):
+        at = part_ptr + ((s * parts) * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+        acc1 += tl.load(at, mask=mask, other=0.0)
+        if GATED:
+            acc2 += tl.load(at + M * N, mask=mask, other=0.0)
+    if GATED:
+        acc1 = _silu_times(acc1, acc2)
+    acc1 = _add_residual(acc1, res_ptr, stride_rm, 0, tl.program_id(0) * BLOCK_N, M, N,
+                         BLOCK_M, BLOCK_N, HAS_RESIDUAL)
+    tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :],
+             acc1.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -547,6 +614,8 @@ def mlp_gemm(a, w1, w2=None, residual=None, config=None, tma=None, hopper=None):
         residual = residual.contiguous()  # the epilogue reads rows of unit-stride columns
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     res_arg, res_rs = (c, 0) if residual is None else (residual, residual.stride(0))
+    if M <= SKINNY_MAX_M and config is None and tma is None and not hopper:
+        return mlp_skinny(a, w1, w2 if gated else None, residual, c)
     if hopper is None:
         hopper = gated and config is None and tma is None and _gated_hopper_ok(a, w1, w2, c)
     if hopper:
@@ -581,6 +650,44 @@ def mlp_gemm(a, w1, w2=None, residual=None, config=None, tma=None, hopper=None):
             GATED=gated, EVEN_K=K % BK == 0, PRECISION=precision,
             HAS_RESIDUAL=residual is not None, num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"])
+    return c
+
+
+SKINNY_MAX_M = 16  # rows of a generation step (the batch) or fewer: split-K
+
+
+@functools.lru_cache(maxsize=None)
+def skinny_config(N, K, sms):
+    """(BLOCK_N, BLOCK_K, K per slice, slices): 64 columns by 128 of K a tile (each weight row's
+    piece 256 contiguous bytes in half precision), and slices of K until there are about four
+    programs per SM."""
+    block_n, block_k = 64, 128
+    k_blocks = -(-K // block_k)
+    wanted = max(1, min(k_blocks, -(-4 * sms // -(-N // block_n))))
+    per_split = -(-k_blocks // wanted) * block_k
+    return block_n, block_k, per_split, -(-K // per_split)
+
+
+def mlp_skinny(a, w1, w2, residual, c):
+    """mlp_gemm for M <= SKINNY_MAX_M: skinny_partial_kernel, then skinny_epilogue_kernel. The
+    partial sums cost M * N * 4 bytes a slice (twice when gated), written and read once: a few
+    percent of the weights' bytes at M = 1."""
+    M, K = a.shape
+    N = w1.shape[0]
+    gated = w2 is not None
+    w2 = w1 if w2 is None else w2
+    sms = _num_sms(a.device.index) if a.is_cuda else 4
+    block_n, block_k, per_split, splits = skinny_config(N, K, sms)
+    part = torch.empty((splits, 2 if gated else 1, M, N), device=a.device, dtype=torch.float32)
+    n_blocks = -(-N // block_n)
+    skinny_partial_kernel[(n_blocks, splits)](
+        a, w1, w2, part, M, N, K, a.stride(0), a.stride(1), *w1.stride(), *w2.stride(),
+        per_split, GATED=gated, PRECISION=_dot_precision(a.dtype), BLOCK_M=16,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3)
+    skinny_epilogue_kernel[(n_blocks,)](
+        part, c, c if residual is None else residual, M, N, splits, c.stride(0),
+        0 if residual is None else residual.stride(0), GATED=gated,
+        HAS_RESIDUAL=residual is not None, BLOCK_M=16, BLOCK_N=block_n, num_warps=4)
     return c
 
 

@@ -174,3 +174,16 @@ def test_matmul_starter_splits_k_for_a_decode_steps_rows():
     want = autokernel.KERNEL_TYPES["matmul"].reference(A=A, B=W.t(), bias=bias,
                                                        activation="gelu_tanh", residual=residual)
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_fused_mlp_starter_splits_k_for_a_decode_steps_rows():
+    from autokernel.contract import load_module
+    mlp = load_module(autokernel.KERNELS_DIR / "fused_mlp.py")
+    inputs = autokernel.KERNEL_TYPES["fused_mlp"].inputs((2, 512, 1024), torch.float16, "cpu",
+                                                         torch.Generator().manual_seed(0),
+                                                         {"residual": True})
+    assert mlp.skinny_config(1024, 512, 4)[3] == 1 and mlp.skinny_config(512, 1024, 4)[3] == 2
+    got = mlp.kernel_fn(**inputs)
+    want = autokernel.KERNEL_TYPES["fused_mlp"].reference(**inputs)
+    bad, _ = autokernel.KERNEL_TYPES["fused_mlp"].mismatches(got, want, inputs)
+    assert not bad.any()
