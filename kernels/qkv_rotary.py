@@ -31,6 +31,9 @@ wgmma warpgroups) and store through TMA. H100, compact LLaMA (8x2048 tokens, 768
 + 12 heads of 64), bf16 GPU time: 98.6 us, against 110.4 for the Triton kernel, 90.9 for
 cuBLAS's q/k/v GEMM alone (no rotary) and 156.6 for torch.compile (cuBLAS, then inductor's
 rotary); the gate's clock 95.9 us in fp16, 1.54x torch.compile, 6.6x eager.
+A generation step (M = B rows of one position each, M <= 16) takes a third path: split-K
+(skinny_partial_kernel, then skinny_rotary_kernel), since 128-row tiles would leave the
+weight, which is all the step's traffic, to a dozen programs.
 The number to beat is cuBLAS's q/k/v GEMM alone: the rotation is free in the epilogue only
 while a tile holds whole heads, each head's halves side by side.
 Things to try: at D = 128 and K = 4096 the Triton kernel is ~2% ahead (597 against 610 us at
@@ -113,6 +116,100 @@ def qkv_rotary_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, out_ptr, x_desc, w_
     ptrs = out_ptr + rm[:, None].to(tl.int64) * HEADS_TOTAL * D + col[None, :]
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & col_ok[None, :])
 
+
+
+# ---- A generation step: M = B * S of at most SKINNY_MAX_M rows (S = 1 a step). The tile above
+# would give the whole weight to a dozen programs (one row of 128-row tiles); instead the weight
+# is cut into (column block, slice of K) pieces, about four programs an SM, each writing its
+# slice's fp32 sums, and a second kernel adds the slices in order and rotates, a head a program.
+SKINNY_MAX_M = 16
+
+
+@triton.jit
+def skinny_partial_kernel(x_ptr, w_ptr, part_ptr, M, S, N, K, stride_xb, stride_xs, stride_xk,
+                          stride_wn, stride_wk, K_PER_SPLIT, PRECISION: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """part[slice, m, n] = sum over the slice's k of x[m, k] * w[n, k], for the M real rows."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + (rows // S).to(tl.int64) * stride_xb + (rows % S) * stride_xs
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_rows[:, None] + ks[None, :] * stride_xk,
+                    mask=(rows[:, None] < M) & (ks[None, :] < k_end), other=0.0)
+        b = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk,
+                    mask=(ks[:, None] < k_end) & (cols[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    out = part_ptr + (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+    tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def skinny_rotary_kernel(part_ptr, b_ptr, cos_ptr, sin_ptr, out_ptr, M, S, N, D, SPLITS,
+                         ROT_HEADS, stride_cs, stride_cd, stride_ss, stride_sd,
+                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, HP: tl.constexpr):
+    """One head of every row: its two halves summed over the slices in slice order (no
+    atomics: the same bits every run), the bias, the rotation for q and k heads, the store."""
+    head = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    j = tl.arange(0, HP)
+    mask = (rows[:, None] < M) & (j[None, :] < D // 2)
+    c1 = head * D + j
+    c2 = c1 + D // 2
+    x1 = tl.zeros((BLOCK_M, HP), dtype=tl.float32)
+    x2 = tl.zeros((BLOCK_M, HP), dtype=tl.float32)
+    for s in range(SPLITS):
+        base = part_ptr + (s * M + rows[:, None]).to(tl.int64) * N
+        x1 += tl.load(base + c1[None, :], mask=mask, other=0.0)
+        x2 += tl.load(base + c2[None, :], mask=mask, other=0.0)
+    if HAS_BIAS:
+        x1 += tl.load(b_ptr + c1, mask=j < D // 2, other=0.0).to(tl.float32)[None, :]
+        x2 += tl.load(b_ptr + c2, mask=j < D // 2, other=0.0).to(tl.float32)[None, :]
+    pos = rows % S
+    cs = tl.load(cos_ptr + pos[:, None] * stride_cs + j[None, :] * stride_cd, mask=mask,
+                 other=1.0).to(tl.float32)
+    sn = tl.load(sin_ptr + pos[:, None] * stride_ss + j[None, :] * stride_sd, mask=mask,
+                 other=0.0).to(tl.float32)
+    rotate = head < ROT_HEADS  # q and k heads; v heads pass through
+    out1 = tl.where(rotate, x1 * cs - x2 * sn, x1)
+    out2 = tl.where(rotate, x2 * cs + x1 * sn, x2)
+    out_rows = out_ptr + rows[:, None].to(tl.int64) * N
+    tl.store(out_rows + c1[None, :], out1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_rows + c2[None, :], out2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def skinny_config(N, K, sms):
+    """(BLOCK_N, BLOCK_K, K per slice, slices): 64 x 128 pieces of w (128-byte rows in half
+    precision), and slices of K until there are about four programs per SM."""
+    block_n, block_k = 64, 128
+    k_blocks = -(-K // block_k)
+    wanted = max(1, min(k_blocks, -(-4 * sms // -(-N // block_n))))
+    per_split = -(-k_blocks // wanted) * block_k
+    return block_n, block_k, per_split, -(-K // per_split)
+
+
+def qkv_rotary_skinny(x, w_qkv, cos, sin, kv_heads, bias, out):
+    """The two kernels above. The slices' sums cost M * N * 4 bytes each, written and read
+    once: a few percent of the weight's bytes at M = 1."""
+    B, S, K = x.shape
+    M, N = B * S, w_qkv.shape[0]
+    D = 2 * cos.shape[-1]
+    sms = _num_sms(x.device.index) if x.is_cuda else 4
+    block_n, block_k, per_split, splits = skinny_config(N, K, sms)
+    part = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
+    skinny_partial_kernel[(triton.cdiv(N, block_n), splits)](
+        x, w_qkv, part, M, S, N, K, *x.stride(), *w_qkv.stride(), per_split,
+        PRECISION=_dot_precision(x.dtype), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=3)
+    skinny_rotary_kernel[(N // D,)](
+        part, bias if bias is not None else part, cos, sin, out, M, S, N, D, splits,
+        N // D - kv_heads, *cos.stride(), *sin.stride(), HAS_BIAS=bias is not None,
+        BLOCK_M=16, HP=max(8, 1 << (D // 2 - 1).bit_length()), num_warps=4)
+    return out
 
 # ---- On Hopper, in Gluon (Triton's lower-level dialect: explicit layouts, shared memory, barriers
 # and warp roles), the matmul starter's Hopper kernel with this epilogue. One CTA per SM,
@@ -411,7 +508,8 @@ def qkv_rotary_hopper(x, w_qkv, cos, sin, kv_heads, bias, out, config):
 
 def qkv_rotary(x, w_qkv, cos, sin, kv_heads, bias=None, config=None, hopper=None):
     """config: the Triton kernel's (pick_config's keys); hopper: the Gluon kernel's
-    (pick_hopper_config's keys), or False to keep it off. Without either, the Gluon kernel where
+    (pick_hopper_config's keys), or False to keep it off. Without either: the split-K kernels
+    for a generation step's few rows (M <= SKINNY_MAX_M), else the Gluon kernel where
     _hopper_ok allows."""
     B, S, K = x.shape
     D = 2 * cos.shape[-1]
@@ -420,6 +518,8 @@ def qkv_rotary(x, w_qkv, cos, sin, kv_heads, bias=None, config=None, hopper=None
     M = B * S
     if out.numel() == 0:
         return out
+    if hopper is None and config is None and M <= SKINNY_MAX_M:
+        return qkv_rotary_skinny(x, w_qkv, cos, sin, kv_heads, bias, out)
     if hopper is None and config is None:
         cfg = pick_hopper_config(w_qkv.shape[0])
         hopper = cfg if _hopper_ok(x, w_qkv, out, D, cfg) else False

@@ -187,3 +187,17 @@ def test_fused_mlp_starter_splits_k_for_a_decode_steps_rows():
     want = autokernel.KERNEL_TYPES["fused_mlp"].reference(**inputs)
     bad, _ = autokernel.KERNEL_TYPES["fused_mlp"].mismatches(got, want, inputs)
     assert not bad.any()
+
+
+def test_qkv_rotary_starter_splits_k_for_a_decode_steps_rows():
+    from autokernel.contract import load_module
+    qkv = load_module(autokernel.KERNELS_DIR / "qkv_rotary.py")
+    kt = autokernel.KERNEL_TYPES["qkv_rotary"]
+    for variant in ({}, {"bias": True}):
+        inputs = kt.inputs((3, 1, 512, 4, 2, 32), torch.float16, "cpu",
+                           torch.Generator().manual_seed(0), variant)
+        assert inputs["x"].shape[:2] == (3, 1)
+        assert qkv.skinny_config(inputs["w_qkv"].shape[0], 512, 4)[3] == 4
+        got = qkv.kernel_fn(**inputs)
+        bad, _ = kt.mismatches(got, kt.reference(**inputs), inputs)
+        assert not bad.any(), variant
