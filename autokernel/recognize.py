@@ -221,6 +221,10 @@ def _decode_shape(shapes):
     mask = shapes[3] if len(shapes) > 3 else None
     if len(q) == 4 and len(k) == 4 and mask and q[2] < k[2] and q[2] <= DECODE_MAX_QUERIES \
             and q[0] == k[0] and q[3] == k[3] and q[1] % k[1] == 0:
+        if q[1] == k[1] and q[2] > 1 and len(mask) == 4 and mask[2] == 1:
+            # transformers' grouped-query decode: a KV head's G query heads folded into the
+            # query dim, all under one mask row; they are G heads of one query each
+            return (q[0], q[1] * q[2], k[1], 1, k[2], q[3])
         return (q[0], q[1], k[1], q[2], k[2], q[3])
     return None
 

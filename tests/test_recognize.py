@@ -22,6 +22,15 @@ def test_classify_op_table():
     assert c("aten::scaled_dot_product_attention", gqa,
              [None, None, None, None, 0.0, False, 0.3, True])[1:] == (
         "flash_attention", (1, 4, 8, 16), "", {"causal": False, "kv_groups": 2})
+    # A generation step: one query over a longer cache under a mask; transformers' grouped
+    # form (2 query heads a KV head folded into the query dim, one mask row) is 4 heads of one.
+    step = [[2, 4, 1, 16], [2, 2, 24, 16], [2, 2, 24, 16], [2, 1, 1, 24]]
+    folded = [[2, 2, 2, 16], [2, 2, 24, 16], [2, 2, 24, 16], [2, 1, 1, 24]]
+    speculative = [[2, 2, 3, 16], [2, 2, 24, 16], [2, 2, 24, 16], [2, 1, 3, 24]]
+    for shapes, want in ((step, (2, 4, 2, 1, 24, 16)), (folded, (2, 4, 2, 1, 24, 16)),
+                         (speculative, (2, 2, 2, 3, 24, 16))):
+        assert c("aten::scaled_dot_product_attention", shapes, [])[1:3] == (
+            "decode_attention", want)
     cross = [[1, 2, 8, 16], [1, 2, 5, 16], [1, 2, 5, 16], [], [], [], [], []]
     assert c("aten::scaled_dot_product_attention", cross, [])[2] is None
     assert c("aten::sum", [[4, 8, 16]], [None, [1]])[2:] == ((4, 8), "", {"dim": 1, "inner": 16})
