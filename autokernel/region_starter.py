@@ -12,7 +12,13 @@ each call sorted into
     a kernel (one program a group of channels: its statistics, then the normalization and the
     calls after it in one pass);
   * a pooling window (max, average, an adaptive average with equal windows) or a cat: a kernel
-    of its own.
+    of its own (autokernel/region_special.py).
+A region with a 2-d convolution is traced in channels_last (NHWC), as torch.compile runs it:
+cuDNN's convolutions are fastest there, and the kernels between them walk and write NHWC (the
+layouts: autokernel/region_special.py). Its forward copies a 4-d input that comes in NCHW into
+channels_last first (a no-op for one that comes NHWC, a previous block's output), and ModelNew
+puts its 4-d weights in channels_last once. Where channels_last would leave torch a copy (a
+flatten of an NHWC activation into a GEMM, say), the region is traced NCHW, as any other is.
 A region with any other call (a softmax over a non-last dim, a reduction, an LSTM) has no
 generated starter yet: StarterError names the call, and extract.py leaves the region's
 reference for a kernel written by hand.
@@ -33,6 +39,9 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from autokernel.contract import load_module
 from autokernel.fx_vocabulary import arg, op
+from autokernel.region_special import (CHANNELS_LAST, NHWC_INIT, SPECIAL, TO_CHANNELS_LAST,
+                                       StarterError, allocation, contiguous, dense, index_expr,
+                                       layout_check, memory_order, meta, permuted, same_layout)
 
 LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm"}
@@ -45,10 +54,6 @@ COMPARISONS = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "
 # (8 a thread: 16-byte loads in fp16), inductor's usual pick for a large pointwise kernel.
 CONFIGS = ("BLOCK = 1024  # elements a program: 8 a thread over 4 warps, 16-byte fp16 loads\n"
            "NUM_WARPS = 4")
-
-
-class StarterError(Exception):
-    """The region has a call no generated code covers yet (one line: which)."""
 
 
 def _tanh(x):
@@ -186,11 +191,6 @@ def kind_of(n):
                        f"region's kernel by hand)")
 
 
-def meta(n):
-    tm = n.meta.get("tensor_meta") if isinstance(n, Node) else None
-    return (tuple(tm.shape), tuple(tm.stride)) if tm is not None else None
-
-
 # ---- grouping: neighbouring elementwise calls of one shape become one kernel ---------------
 
 def groups_of(graph):
@@ -250,29 +250,6 @@ def _convex(members, groups, group_of):
 
 # ---- code for one group ----------------------------------------------------------------------
 
-def index_expr(shape, strides):
-    """The element of an operand (its strides, broadcast to `shape`) for the flat position
-    `offs` in `shape`: "offs" where it is laid out as `shape` is, else the terms of its own
-    strides, with the sizes as constants."""
-    dims = [(s, st) for s, st in zip(shape, strides) if s != 1]
-    merged = []
-    for size, stride in dims:  # neighbouring dims that are one run of memory become one
-        if merged and merged[-1][1] == stride * size:
-            merged[-1] = (merged[-1][0] * size, stride)
-        else:
-            merged.append((size, stride))
-    total, inner, terms = math.prod(shape), math.prod(s for s, _ in merged), []
-    for size, stride in merged:
-        inner //= size
-        if stride == 0:
-            continue
-        term = "offs" if inner == 1 else f"(offs // {inner})"
-        if size * inner < total:
-            term = f"({term} % {size})"
-        terms.append(term if stride == 1 else f"{term} * {stride}")
-    return " + ".join(terms) or "0"
-
-
 class _Args:
     """A call's arguments as Triton expressions (tensors: their variable) or raw constants."""
 
@@ -302,28 +279,32 @@ def group_code(index, nodes, outside):
                     raise StarterError(f"{op(n)} reads {a.name}, which is not a tensor")
                 inputs.append(a)
     outputs = [n for n in nodes if outside(n)]
+    written = [_written(n) for n in outputs]  # each output's strides: the traced ones
+    order = memory_order(shape, written[0])  # the kernel walks the first output's memory order
+    walked = permuted(shape, order)
     names = {a: f"v{i}" for i, a in enumerate(inputs)}
     ops = ", ".join(op(n) for n in nodes)
     body, loads = [], []
     for i, a in enumerate(inputs):
         a_shape, a_strides = meta(a)
         strides = _broadcast_strides(a_shape, a_strides, shape, _channel_dim(a, nodes))
-        value = f"tl.load(in{i} + {index_expr(shape, strides)}, mask=mask)"
+        value = f"tl.load(in{i} + {index_expr(walked, permuted(strides, order))}, mask=mask)"
         kind = a.meta["tensor_meta"].dtype
         loads.append(f"    v{i} = {value} != 0" if kind == torch.bool else
                      f"    v{i} = {value}.to(tl.float32)")
     for j, n in enumerate(nodes):
         names[n] = f"t{j}"
         body.append(f"    t{j} = {ELEMENTWISE[op(n)](_Args(n, names))}  # {op(n)}")
-    stores = [f"    tl.store(out{k} + offs, {names[n]}, mask=mask)" for k, n in
-              enumerate(outputs)]
+    stores = [f"    tl.store(out{k} + {_at(walked, permuted(st, order))}, {names[n]}, mask=mask)"
+              for k, (n, st) in enumerate(zip(outputs, written))]
     kname, params = f"_fused_{index}", [f"in{i}" for i in range(len(inputs))] + \
         [f"out{k}" for k in range(len(outputs))]
     if _normed(nodes):
-        kernel = _normed_kernel(kname, params, nodes[0], inputs, shape, ops, loads, body,
-                                stores)
+        kernel = _normed_kernel(kname, params, nodes[0], inputs, shape, order, ops,
+                                loads + body + stores)
         groups = arg(nodes[0], 1, "num_groups")
-        launcher = _launcher(index, kname, inputs, outputs, shape, ops, grid=shape[0] * groups)
+        launcher = _launcher(index, kname, inputs, outputs, written, shape, ops,
+                             grid=shape[0] * groups)
         return kernel, launcher, inputs, outputs
     total = math.prod(shape)
     offs = "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
@@ -336,38 +317,60 @@ def group_code(index, nodes, outside):
         f"    offs = {offs}",
         f"    mask = offs < {total}",
         *loads, *body, *stores, ""])
-    launcher = _launcher(index, kname, inputs, outputs, shape, ops)
+    launcher = _launcher(index, kname, inputs, outputs, written, shape, ops)
     return kernel, launcher, inputs, outputs
 
 
-def _normed_kernel(kname, params, norm, inputs, shape, ops, loads, body, stores):
+def _written(n):
+    """The strides a group's output is allocated with: the traced ones (contiguous where they
+    leave gaps, as a value passed through unchanged can)."""
+    shape, strides = meta(n)
+    return strides if dense(shape, strides) else contiguous(shape)
+
+
+def _at(walked, strides):
+    """Where an output's element for `offs` is: "offs" itself where the kernel walks its
+    memory order."""
+    return "offs" if same_layout(walked, strides, contiguous(walked)) else \
+        index_expr(walked, strides)
+
+
+def _normed_kernel(kname, params, norm, inputs, shape, order, ops, per_block):
     """A GroupNorm's kernel: one program a (sample, group), whose channels are one contiguous
-    run of memory in (N, C, ...): its mean and variance first (sums of the values less the
-    run's first one, so an offset of the data costs no precision), then the normalization and
-    the calls after it, a block at a time."""
+    run of memory in (N, C, ...) (in channels_last: a run of them a pixel): its mean and
+    variance first (sums of the values less the group's first one, so an offset of the data
+    costs no precision), then the normalization and the calls after it (per_block: their
+    lines), a block at a time."""
     x = arg(norm, 0, "input")
-    x_shape, x_strides = meta(x)
-    contiguous = tuple(math.prod(x_shape[d + 1:]) for d in range(len(x_shape)))
-    if tuple(x_strides) != contiguous or len(shape) < 3:
-        raise StarterError(f"group_norm of a non-contiguous or {len(shape)}-d input")
+    x_strides = meta(x)[1]
+    rank, walked = len(shape), permuted(shape, order)
+    if rank < 3 or not same_layout(walked, permuted(x_strides, order), contiguous(walked)) \
+            or order not in (tuple(range(rank)), (0, *range(2, rank), 1)):
+        raise StarterError(f"group_norm of a {rank}-d input laid out as {x_strides}")
     groups, eps = arg(norm, 1, "num_groups"), arg(norm, 4, "eps", 1e-5)
-    size = math.prod(shape) // (shape[0] * groups)
+    size, width = math.prod(shape) // (shape[0] * groups), shape[1] // groups
     xi = f"in{inputs.index(x)}"
     big = math.prod(shape) >= 2 ** 31
-    base = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+    pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+    if order[1] == 1:  # (N, C, ...): the group is one run of memory
+        base, at, offs = f"{pid} * {size}", "base + start + lanes", []
+    else:  # channels_last: the group's channels are a run of each pixel's C
+        base = f"({pid} // {groups}) * {math.prod(shape[1:])} + ({pid} % {groups}) * {width}"
+        at, offs = "offs", [f"        offs = base + ((start + lanes) // {width}) * "
+                            f"{shape[1]} + (start + lanes) % {width}"]
     return "\n".join([
         "@triton.jit",
         f"def {kname}({', '.join(params)}, BLOCK: tl.constexpr):",
-        f'    """{ops} over {tuple(shape)}: one program a group of {shape[1] // groups} '
+        f'    """{ops} over {tuple(shape)}: one program a group of {width} '
         f'channels ({size} values): statistics, then one pass."""',
-        f"    base = {base} * {size}",
+        f"    base = {base}",
         "    lanes = tl.arange(0, BLOCK)",
         f"    shift = tl.load({xi} + base).to(tl.float32)",
         "    s1 = tl.zeros([BLOCK], tl.float32)",
         "    s2 = tl.zeros([BLOCK], tl.float32)",
         f"    for start in range(0, {size}, BLOCK):",
-        f"        mask = start + lanes < {size}",
-        f"        d = tl.load({xi} + base + start + lanes, mask=mask, other=0.0).to(tl.float32)",
+        f"        mask = start + lanes < {size}", *offs,
+        f"        d = tl.load({xi} + {at}, mask=mask, other=0.0).to(tl.float32)",
         "        d = tl.where(mask, d - shift, 0.0)",
         "        s1 += d",
         "        s2 += d * d",
@@ -375,9 +378,9 @@ def _normed_kernel(kname, params, norm, inputs, shape, ops, loads, body, stores)
         f"    rstd = tl.rsqrt(tl.sum(s2, axis=0) / {size} - mean_d * mean_d + {eps})",
         "    mean = shift + mean_d",
         f"    for start in range(0, {size}, BLOCK):",
-        "        offs = base + start + lanes",
+        *(offs or ["        offs = base + start + lanes"]),
         f"        mask = start + lanes < {size}",
-        *("    " + line for line in loads + body + stores), ""])
+        *("    " + line for line in per_block), ""])
 
 
 def _channel_dim(a, nodes):
@@ -419,152 +422,20 @@ def _out_dtype(n, same):
     return same
 
 
-def _launcher(index, kname, inputs, outputs, shape, ops, grid=None):
+def _launcher(index, kname, inputs, outputs, written, shape, ops, grid=None):
     args = [f"x{i}" for i in range(len(inputs))]
     dtype_of = "x0.dtype"
     lines = [f"def fused_{index}({', '.join(args)}):",
              f'    """{ops}: {len(outputs)} output(s) of shape {tuple(shape)}."""',
-             *_layout_check(f"fused_{index}", inputs)]
+             *layout_check(f"fused_{index}", inputs)]
     outs = [f"o{k}" for k in range(len(outputs))]
-    for k, n in enumerate(outputs):
-        dtype = _out_dtype(n, dtype_of)
-        lines.append(f"    o{k} = torch.empty({tuple(shape)!r}, device=x0.device, dtype={dtype})")
+    for k, (n, strides) in enumerate(zip(outputs, written)):
+        lines.append(f"    o{k} = {allocation(shape, strides, _out_dtype(n, dtype_of))}")
     grid = grid or f"triton.cdiv({math.prod(shape)}, BLOCK)"
     lines += [f"    grid = ({grid},)",
               f"    {kname}[grid]({', '.join(args + outs)}, BLOCK=BLOCK, num_warps=NUM_WARPS)",
               f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}", ""]
     return "\n".join(lines)
-
-
-# ---- calls with a kernel of their own: pooling windows, concatenation ------------------------
-
-def _pair(value, name):
-    value = tuple(value) if isinstance(value, (list, tuple)) else (value, value)
-    if len(value) != 2 or not all(isinstance(v, int) for v in value):
-        raise StarterError(f"{name} {value!r} (not two ints)")
-    return value
-
-
-def _layout_check(launcher, inputs):
-    """A launcher's first lines: its inputs' strides as the kernel's index math assumes them."""
-    args = ", ".join(f"x{i}" for i in range(len(inputs)))
-    layouts = [tuple(meta(a)[1]) for a in inputs]
-    return [f"    for x, layout in zip(({args},), {layouts!r}):",
-            "        if x.stride() != layout:  # the kernel's index math assumes these strides",
-            f"            raise ValueError(f'{launcher}: an input has strides {{x.stride()}}, "
-            "the kernel was written for {layout}')"]
-
-
-def pool_code(index, n):
-    """max_pool2d / avg_pool2d (and adaptive_avg_pool2d where the windows are equal) over a
-    contiguous (N, C, H, W): one program per BLOCK outputs, the window unrolled."""
-    name = op(n)
-    x = arg(n, 0, "input")
-    x_shape, x_strides = meta(x)
-    if len(x_shape) != 4 or tuple(x_strides) != tuple(math.prod(x_shape[d + 1:])
-                                                      for d in range(4)):
-        raise StarterError(f"{name} of a non-contiguous or {len(x_shape)}-d input")
-    (N, C, H, W), (OH, OW) = x_shape, meta(n)[0][-2:]
-    if name == "adaptive_avg_pool2d":
-        if H % OH or W % OW:
-            raise StarterError(f"adaptive_avg_pool2d from {H}x{W} to {OH}x{OW} (unequal windows)")
-        (KH, KW), (SH, SW), (PH, PW), (DH, DW), include_pad, divisor = \
-            (H // OH, W // OW), (H // OH, W // OW), (0, 0), (1, 1), True, None
-        name = "avg_pool2d"
-    else:
-        KH, KW = _pair(arg(n, 1, "kernel_size"), "kernel_size")
-        SH, SW = _pair(arg(n, 2, "stride") or (KH, KW), "stride")
-        PH, PW = _pair(arg(n, 3, "padding", 0), "padding")
-        if name == "max_pool2d":
-            DH, DW = _pair(arg(n, 4, "dilation", 1), "dilation")
-            if arg(n, 6, "return_indices", False):
-                raise StarterError("max_pool2d with return_indices")
-            include_pad, divisor = True, None
-        else:
-            DH = DW = 1
-            if arg(n, 4, "ceil_mode", False):
-                raise StarterError("avg_pool2d with ceil_mode")
-            include_pad, divisor = arg(n, 5, "count_include_pad", True), \
-                arg(n, 6, "divisor_override")
-    is_max = name == "max_pool2d"
-    start = 'float("-inf")' if is_max else "0.0"  # the identity of the window's reduction
-    total = N * C * OH * OW
-    lines = ["@triton.jit", f"def _pool_{index}(x, out, BLOCK: tl.constexpr):",
-             f'    """{op(n)} of ({N}, {C}, {H}, {W}) -> ({N}, {C}, {OH}, {OW}): window '
-             f'{KH}x{KW}, stride {SH}x{SW}, padding {PH}x{PW}."""',
-             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
-             f"    mask = offs < {total}",
-             f"    ow = offs % {OW}", f"    oh = (offs // {OW}) % {OH}",
-             f"    plane = offs // {OH * OW}  # n * C + c",
-             f"    acc = tl.full([BLOCK], {start}, tl.float32)"]
-    if not is_max and not include_pad:
-        lines.append("    count = tl.zeros([BLOCK], tl.float32)")
-    lines += [f"    for kh in tl.static_range({KH}):",
-              f"        ih = oh * {SH} - {PH} + kh * {DH}",
-              f"        for kw in tl.static_range({KW}):",
-              f"            iw = ow * {SW} - {PW} + kw * {DW}",
-              f"            ok = mask & (ih >= 0) & (ih < {H}) & (iw >= 0) & (iw < {W})",
-              f"            v = tl.load(x + plane * {H * W} + ih * {W} + iw, mask=ok, "
-              f"other={start})"]
-    if is_max:
-        lines.append("            acc = tl.maximum(acc, v.to(tl.float32))")
-    else:
-        lines.append("            acc += v.to(tl.float32)")
-        if not include_pad:
-            lines.append("            count += ok.to(tl.float32)")
-    if not is_max:
-        if divisor:
-            lines.append(f"    acc = acc / {divisor}")
-        elif include_pad:  # the window's cells inside the padded input (PyTorch's divisor)
-            lines += [f"    hs = oh * {SH} - {PH}", f"    ws = ow * {SW} - {PW}",
-                      f"    he = tl.minimum(hs + {KH}, {H + PH})",
-                      f"    we = tl.minimum(ws + {KW}, {W + PW})",
-                      "    acc = acc / ((he - hs) * (we - ws)).to(tl.float32)"]
-        else:
-            lines.append("    acc = acc / tl.maximum(count, 1.0)  # masked lanes: no 0 / 0")
-    lines += ["    tl.store(out + offs, acc, mask=mask)", ""]
-    launcher = [f"def kernel_{index}(x0):", f'    """{op(n)}: one Triton kernel."""',
-                *_layout_check(f"kernel_{index}", [x]),
-                f"    out = torch.empty({tuple(meta(n)[0])!r}, device=x0.device, dtype=x0.dtype)",
-                f"    _pool_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
-                "num_warps=NUM_WARPS)", "    return out", ""]
-    return "\n".join(lines), "\n".join(launcher), [x], [n]
-
-
-def cat_code(index, n):
-    """torch.cat: each input copied into its slice of the output by a kernel of its own (the
-    index math of both sides from their strides)."""
-    tensors, dim = arg(n, 0, "tensors"), arg(n, 1, "dim", 0)
-    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, Node) for t in tensors):
-        raise StarterError("cat of something other than a list of tensors")
-    shape = meta(n)[0]
-    dim = dim % len(shape)
-    out_strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    kernels, launches, offset = [], [], 0
-    for i, t in enumerate(tensors):
-        t_shape, t_strides = meta(t)
-        size = math.prod(t_shape)
-        kernels += ["@triton.jit", f"def _cat_{index}_{i}(src, out, BLOCK: tl.constexpr):",
-                    f'    """Input {i} of the cat ({tuple(t_shape)}) into its slice of the '
-                    f'output, from index {offset} along dim {dim}."""',
-                    "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
-                    f"    mask = offs < {size}",
-                    f"    v = tl.load(src + {index_expr(t_shape, t_strides)}, mask=mask)",
-                    f"    tl.store(out + {offset * out_strides[dim]} + "
-                    f"{index_expr(t_shape, out_strides)}, v, mask=mask)", "", ""]
-        launches.append(f"    _cat_{index}_{i}[(triton.cdiv({size}, BLOCK),)](x{i}, out, "
-                        "BLOCK=BLOCK, num_warps=NUM_WARPS)")
-        offset += t_shape[dim]
-    args = ", ".join(f"x{i}" for i in range(len(tensors)))
-    launcher = [f"def kernel_{index}({args}):", f'    """cat along dim {dim}: a copy kernel an '
-                'input."""', *_layout_check(f"kernel_{index}", list(tensors)),
-                f"    out = torch.empty({tuple(shape)!r}, device=x0.device, dtype=x0.dtype)",
-                *launches, "    return out", ""]
-    return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
-
-
-SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
-           "cat": cat_code}
 
 
 # ---- the file ---------------------------------------------------------------------------------
@@ -584,14 +455,7 @@ def starter_source(problem_path, header):
 
 
 def _starter_source(problem_path, header):
-    module = load_module(problem_path)
-    torch.manual_seed(0)
-    model = module.Model(*module.get_init_inputs()).eval()
-    try:
-        gm = symbolic_trace(model)
-        ShapeProp(gm).propagate(*module.get_inputs())
-    except Exception as e:  # noqa: BLE001  (any trace failure: no generated starter)
-        raise StarterError(f"the reference does not trace ({type(e).__name__}: {e})") from None
+    gm, nhwc = _traced(load_module(problem_path))
     graph = gm.graph
     groups = groups_of(graph)
     group_of = {n: g for g, nodes in enumerate(groups) for n in nodes}
@@ -609,7 +473,7 @@ def _starter_source(problem_path, header):
     for g, (kernel, launcher, _, _) in pieces.items():
         kernels.append(kernel)
         launchers[g] = launcher
-    functions = {}
+    functions, to_nhwc = {}, _named("to_channels_last")
     for n in _units_in_order(graph, groups, group_of):
         if isinstance(n, int):  # a group: one launch
             _, source, inputs, outputs = pieces[n]
@@ -621,6 +485,13 @@ def _starter_source(problem_path, header):
                     operator.getitem, (call, k))
             continue
         env[n] = new.node_copy(n, env.__getitem__)
+        if nhwc and n.op in ("placeholder", "get_attr") and len((meta(n) or ((),))[0]) == 4 \
+                and (n.op == "placeholder" or any(op(u) not in LIBRARY for u in n.users)):
+            # the kernels are written for channels_last, whatever the caller passes in
+            env[n] = new.create_node("call_function", to_nhwc, (env[n],), name=f"{n.name}_cl")
+    if any(u.target is to_nhwc for u in new.nodes):
+        kernels.append(CHANNELS_LAST)
+        launchers[-1] = TO_CHANNELS_LAST
     code = new.python_code(root_module="self")
     forward = code.src
     for name, value in code.globals.items():
@@ -629,12 +500,77 @@ def _starter_source(problem_path, header):
     forward = re.sub(r";  [\w, =]* = None$", "", forward, flags=re.M)  # FX's frees
     forward = "\n".join("    " + line if line.strip() else "" for line in
                         forward.strip("\n").splitlines())
-    init = _init_source(problem_path)
+    init = _init_source(problem_path, nhwc)
     return "\n".join([
         '"""', header["doc"], '"""', "import torch", "import torch.nn as nn", "import triton",
         "import triton.language as tl", "", header["contract"], "", CONFIGS, "", "",
         *[k + "\n" for k in kernels], *[launchers[g] + "\n" for g in sorted(launchers)],
         "class ModelNew(nn.Module):", init, "", forward.rstrip(), ""])
+
+
+CONV2D = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
+
+
+def _traced(module):
+    """The reference's graph with each value's shape and strides (ShapeProp's), and whether it
+    was traced in channels_last: a region with a 2-d convolution is, its 4-d inputs and
+    parameters NHWC, unless that leaves a call the NCHW trace does not (_nhwc_fits)."""
+    torch.manual_seed(0)
+    model = module.Model(*module.get_init_inputs()).eval()
+    inputs = module.get_inputs()
+    try:
+        gm = symbolic_trace(model)
+        ShapeProp(gm).propagate(*inputs)
+    except Exception as e:  # noqa: BLE001  (any trace failure: no generated starter)
+        raise StarterError(f"the reference does not trace ({type(e).__name__}: {e})") from None
+    if not any(_conv2d(gm, n) for n in gm.graph.nodes):
+        return gm, False
+    nchw = {n: n.meta.get("tensor_meta") for n in gm.graph.nodes}
+    try:  # (a 5-d parameter, say, has no channels_last: NCHW then)
+        gm.to(memory_format=torch.channels_last)
+        ShapeProp(gm).propagate(*[x.contiguous(memory_format=torch.channels_last)
+                                  if isinstance(x, torch.Tensor) and x.dim() == 4 else x
+                                  for x in inputs])
+        if _nhwc_fits(gm, nchw):
+            return gm, True
+    except Exception:  # noqa: BLE001, S110  (NCHW then)
+        pass
+    for n, tm in nchw.items():
+        n.meta["tensor_meta"] = tm
+    return gm, False
+
+
+def _conv2d(gm, n):
+    return op(n) in ("conv2d", "conv_transpose2d") or \
+        n.op == "call_module" and isinstance(gm.get_submodule(n.target), CONV2D)
+
+
+def _nhwc_fits(gm, nchw):
+    """Whether the channels_last trace leaves every call a generated kernel or the library
+    can take: a GEMM (or a module's call) sees the strides it sees in NCHW, a reshape stays a
+    view (a copy would be torch's math), a GroupNorm's groups are runs of each pixel's
+    channels."""
+    for n in gm.graph.nodes:
+        name = op(n)
+        if (n.op == "call_module" or name in LIBRARY) and not _conv2d(gm, n):
+            for a in n.all_input_nodes:
+                was, now = nchw.get(a), meta(a)
+                if now and (was is None or now[0] != tuple(was.shape)
+                            or not same_layout(now[0], now[1], tuple(was.stride))):
+                    return False
+        elif name in ("reshape", "flatten", "unflatten", "view_as") and meta(n) and \
+                meta(arg(n, 0)):
+            try:
+                torch.empty_strided(*meta(arg(n, 0)), device="meta").view(meta(n)[0])
+            except RuntimeError:
+                return False
+        elif name == "group_norm":
+            shape, strides = meta(arg(n, 0, "input"))
+            order = memory_order(shape, strides)
+            if not dense(shape, strides) or order not in (tuple(range(len(shape))),
+                                                          (0, *range(2, len(shape)), 1)):
+                return False
+    return True
 
 
 def _named(name):
@@ -671,13 +607,17 @@ def _units_in_order(graph, groups, group_of):
     return order + order_out
 
 
-def _init_source(problem_path):
-    """Model.__init__ of the reference, as ModelNew's (the same draws in the same order)."""
+def _init_source(problem_path, nhwc=False):
+    """Model.__init__ of the reference, as ModelNew's (the same draws in the same order), its
+    4-d parameters put in channels_last after them where the region is traced so."""
     text = open(problem_path).read()
     tree = ast.parse(text)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Model":
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                    return "    " + ast.get_source_segment(text, item, padded=True).lstrip()
+                    init = "    " + ast.get_source_segment(text, item, padded=True).lstrip()
+                    indent = "\n" + " " * item.body[0].col_offset
+                    return init + "".join(indent + line for line in NHWC_INIT.splitlines()
+                                          if nhwc)
     raise StarterError("the reference has no Model.__init__")

@@ -1,0 +1,280 @@
+"""
+The layouts a region starter's kernels are written for (autokernel/region_starter.py), and the
+calls with a kernel of their own: a pooling window, a cat, and the copy of an input into
+channels_last.
+
+Every kernel's index math has the traced shapes and strides as constants (ShapeProp's, on the
+reference). A region with a 2-d convolution is traced in channels_last (NHWC: where cuDNN's
+convolutions are fast, the layout torch.compile picks for them), so its activations are NHWC
+throughout: each kernel walks its output in memory order (the dims sorted by stride, outermost
+first), so consecutive lanes touch consecutive addresses in every layout, and allocates its
+outputs with the traced strides. Launchers check that their inputs have the strides the index
+math assumes (a size-1 dim's stride is never read, so it is not checked).
+"""
+import math
+
+from torch.fx import Node
+
+from autokernel.fx_vocabulary import arg, op
+
+
+class StarterError(Exception):
+    """The region has a call no generated code covers yet (one line: which)."""
+
+
+def meta(n):
+    tm = n.meta.get("tensor_meta") if isinstance(n, Node) else None
+    return (tuple(tm.shape), tuple(tm.stride)) if tm is not None else None
+
+
+# ---- layouts ------------------------------------------------------------------------------------
+
+def contiguous(shape):
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+
+
+def memory_order(shape, strides):
+    """The dims of a tensor from the outermost in memory to the innermost (ties, size-1 dims
+    among them, in their logical order): the identity for a contiguous tensor, (0, 2, 3, 1) for
+    a channels_last one."""
+    return tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+
+
+def permuted(values, order):
+    return [values[d] for d in order]
+
+
+def same_layout(shape, a, b):
+    """Two strides of one shape that address it alike (a size-1 dim's stride is never used)."""
+    return all(x == y for size, x, y in zip(shape, a, b) if size != 1)
+
+
+def dense(shape, strides):
+    """Whether strides lay shape out with no gaps and no overlaps (a fresh tensor's)."""
+    order = memory_order(shape, strides)
+    return same_layout(permuted(shape, order), permuted(strides, order),
+                       contiguous(permuted(shape, order)))
+
+
+def allocation(shape, strides, dtype):
+    """The launcher's line for an output of this shape, in the traced strides (contiguous where
+    they leave gaps: never the case for a value computed afresh)."""
+    shape = tuple(shape)
+    if strides is None or not dense(shape, strides) or tuple(strides) == contiguous(shape):
+        return f"torch.empty({shape!r}, device=x0.device, dtype={dtype})"
+    return f"torch.empty_strided({shape!r}, {tuple(strides)!r}, device=x0.device, dtype={dtype})"
+
+
+def index_expr(shape, strides):
+    """The element of an operand (its strides, broadcast to `shape`) for the flat position
+    `offs` in `shape`: "offs" where it is laid out as `shape` is, else the terms of its own
+    strides, with the sizes as constants."""
+    dims = [(s, st) for s, st in zip(shape, strides) if s != 1]
+    merged = []
+    for size, stride in dims:  # neighbouring dims that are one run of memory become one
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    total, inner, terms = math.prod(shape), math.prod(s for s, _ in merged), []
+    for size, stride in merged:
+        inner //= size
+        if stride == 0:
+            continue
+        term = "offs" if inner == 1 else f"(offs // {inner})"
+        if size * inner < total:
+            term = f"({term} % {size})"
+        terms.append(term if stride == 1 else f"{term} * {stride}")
+    return " + ".join(terms) or "0"
+
+
+def coordinates(shape, order):
+    """Each dim's index, as a Triton expression of `offs`, the flat position in memory order."""
+    total, inner, coords = math.prod(shape), 1, {}
+    for d in reversed(order):
+        term = "offs" if inner == 1 else f"(offs // {inner})"
+        coords[d] = "tl.zeros_like(offs)" if shape[d] == 1 else \
+            term if inner * shape[d] == total else f"({term} % {shape[d]})"
+        inner *= shape[d]
+    return [coords[d] for d in range(len(shape))]
+
+
+def layout_check(launcher, inputs):
+    """A launcher's first lines: its inputs' strides as the kernel's index math assumes them."""
+    args = ", ".join(f"x{i}" for i in range(len(inputs)))
+    layouts = [tuple(None if size == 1 else st for size, st in zip(*meta(a))) for a in inputs]
+    differs = "x.stride() != layout" if all(None not in lay for lay in layouts) else \
+        "any(s != t for s, t in zip(x.stride(), layout) if t is not None)"
+    return [f"    for x, layout in zip(({args},), {layouts!r}):",
+            f"        if {differs}:  # the kernel's index math assumes these strides",
+            f"            raise ValueError(f'{launcher}: an input has strides {{x.stride()}}, "
+            "the kernel was written for {layout}')"]
+
+
+# The copy of a 4-d input (or parameter) that does not come in channels_last: the kernels of a
+# region traced in channels_last are written for it, so the forward starts with one call each.
+CHANNELS_LAST = '''@triton.jit
+def _to_channels_last(x, out, C, H, W, s0, s1, s2, s3, BLOCK_C: tl.constexpr,
+                      BLOCK_P: tl.constexpr):
+    """x (N, C, H, W), whatever its strides, into out in channels_last: a tile of channels x
+    pixels a program, read along the pixels (NCHW's rows) and written along the channels."""
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)[None, :]
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]
+    n = tl.program_id(2).to(tl.int64)
+    mask = (c < C) & (p < H * W)
+    v = tl.load(x + n * s0 + c * s1 + (p // W) * s2 + (p % W) * s3, mask=mask)
+    tl.store(out + n * (C * H * W) + p * C + c, v, mask=mask)
+'''
+TO_CHANNELS_LAST = '''def to_channels_last(x):
+    """x itself when it is channels_last already (one block's output handed to the next), else
+    its copy in channels_last: the layout this region's kernels were written for."""
+    N, C, H, W = x.shape
+    layout = (H * W * C, 1, W * C, C)
+    if all(s == t for s, t, size in zip(x.stride(), layout, x.shape) if size != 1):
+        return x
+    out = torch.empty_strided(x.shape, layout, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(H * W, 64), triton.cdiv(C, 32), N)
+    _to_channels_last[grid](x, out, C, H, W, *x.stride(), BLOCK_C=32, BLOCK_P=64, num_warps=4)
+    return out
+'''
+# ModelNew.__init__'s last lines in such a region: its 4-d weights in channels_last once (the
+# judge builds ModelNew, then moves it to the device and dtype: .to keeps the layout). Where
+# verify.py plugs the kernel into a model, each instance's own tensors come in at every call, in
+# whatever layout the model keeps them: cuDNN takes those too (an NCHW weight costs it a
+# transpose a call), and the convolution of a channels_last input is channels_last either way.
+NHWC_INIT = '''for t in [*self.parameters(), *self.buffers()]:
+    if t.dim() == 4:  # the convolutions' weights in channels_last (NHWC), as traced
+        t.data = t.data.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)'''
+
+
+# ---- calls with a kernel of their own: pooling windows, concatenation ------------------------
+
+def _pair(value, name):
+    value = tuple(value) if isinstance(value, (list, tuple)) else (value, value)
+    if len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise StarterError(f"{name} {value!r} (not two ints)")
+    return value
+
+
+def pool_code(index, n):
+    """max_pool2d / avg_pool2d (and adaptive_avg_pool2d where the windows are equal) over an
+    (N, C, H, W) in any strides: one program per BLOCK outputs (in the output's memory order),
+    the window unrolled."""
+    name = op(n)
+    x = arg(n, 0, "input")
+    (x_shape, x_strides), (out_shape, out_strides) = meta(x), meta(n)
+    if len(x_shape) != 4:
+        raise StarterError(f"{name} of a {len(x_shape)}-d input")
+    (N, C, H, W), (OH, OW) = x_shape, out_shape[-2:]
+    if name == "adaptive_avg_pool2d":
+        if H % OH or W % OW:
+            raise StarterError(f"adaptive_avg_pool2d from {H}x{W} to {OH}x{OW} (unequal windows)")
+        (KH, KW), (SH, SW), (PH, PW), (DH, DW), include_pad, divisor = \
+            (H // OH, W // OW), (H // OH, W // OW), (0, 0), (1, 1), True, None
+        name = "avg_pool2d"
+    else:
+        KH, KW = _pair(arg(n, 1, "kernel_size"), "kernel_size")
+        SH, SW = _pair(arg(n, 2, "stride") or (KH, KW), "stride")
+        PH, PW = _pair(arg(n, 3, "padding", 0), "padding")
+        if name == "max_pool2d":
+            DH, DW = _pair(arg(n, 4, "dilation", 1), "dilation")
+            if arg(n, 6, "return_indices", False):
+                raise StarterError("max_pool2d with return_indices")
+            include_pad, divisor = True, None
+        else:
+            DH = DW = 1
+            if arg(n, 4, "ceil_mode", False):
+                raise StarterError("avg_pool2d with ceil_mode")
+            include_pad, divisor = arg(n, 5, "count_include_pad", True), \
+                arg(n, 6, "divisor_override")
+    is_max = name == "max_pool2d"
+    start = 'float("-inf")' if is_max else "0.0"  # the identity of the window's reduction
+    total = N * C * OH * OW
+    if not dense(out_shape, out_strides):
+        out_strides = contiguous(out_shape)
+    order = memory_order(out_shape, out_strides)
+    if tuple(x_strides) == contiguous(x_shape) and order == (0, 1, 2, 3):
+        where = [f"    ow = offs % {OW}", f"    oh = (offs // {OW}) % {OH}",
+                 f"    plane = offs // {OH * OW}  # n * C + c"]
+        address = f"plane * {H * W} + ih * {W} + iw"
+    else:  # channels_last (or any strides): the output's coordinates, the input's strides
+        where = [f"    {v} = {e}" for v, e in zip(("n", "c", "oh", "ow"),
+                                                 coordinates(out_shape, order))]
+        address = " + ".join(v if s == 1 else f"{v} * {s}"
+                             for v, s in zip(("n", "c", "ih", "iw"), x_strides))
+    lines = ["@triton.jit", f"def _pool_{index}(x, out, BLOCK: tl.constexpr):",
+             f'    """{op(n)} of ({N}, {C}, {H}, {W}) -> ({N}, {C}, {OH}, {OW}): window '
+             f'{KH}x{KW}, stride {SH}x{SW}, padding {PH}x{PW}."""',
+             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+             f"    mask = offs < {total}", *where,
+             f"    acc = tl.full([BLOCK], {start}, tl.float32)"]
+    if not is_max and not include_pad:
+        lines.append("    count = tl.zeros([BLOCK], tl.float32)")
+    lines += [f"    for kh in tl.static_range({KH}):",
+              f"        ih = oh * {SH} - {PH} + kh * {DH}",
+              f"        for kw in tl.static_range({KW}):",
+              f"            iw = ow * {SW} - {PW} + kw * {DW}",
+              f"            ok = mask & (ih >= 0) & (ih < {H}) & (iw >= 0) & (iw < {W})",
+              f"            v = tl.load(x + {address}, mask=ok, other={start})"]
+    if is_max:
+        lines.append("            acc = tl.maximum(acc, v.to(tl.float32))")
+    else:
+        lines.append("            acc += v.to(tl.float32)")
+        if not include_pad:
+            lines.append("            count += ok.to(tl.float32)")
+    if not is_max:
+        if divisor:
+            lines.append(f"    acc = acc / {divisor}")
+        elif include_pad:  # the window's cells inside the padded input (PyTorch's divisor)
+            lines += [f"    hs = oh * {SH} - {PH}", f"    ws = ow * {SW} - {PW}",
+                      f"    he = tl.minimum(hs + {KH}, {H + PH})",
+                      f"    we = tl.minimum(ws + {KW}, {W + PW})",
+                      "    acc = acc / ((he - hs) * (we - ws)).to(tl.float32)"]
+        else:
+            lines.append("    acc = acc / tl.maximum(count, 1.0)  # masked lanes: no 0 / 0")
+    lines += ["    tl.store(out + offs, acc, mask=mask)", ""]
+    launcher = [f"def kernel_{index}(x0):", f'    """{op(n)}: one Triton kernel."""',
+                *layout_check(f"kernel_{index}", [x]),
+                f"    out = {allocation(out_shape, out_strides, 'x0.dtype')}",
+                f"    _pool_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
+                "num_warps=NUM_WARPS)", "    return out", ""]
+    return "\n".join(lines), "\n".join(launcher), [x], [n]
+
+
+def cat_code(index, n):
+    """torch.cat: each input copied into its slice of the output by a kernel of its own (the
+    index math of both sides from their strides, walking the output's memory order)."""
+    tensors, dim = arg(n, 0, "tensors"), arg(n, 1, "dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, Node) for t in tensors):
+        raise StarterError("cat of something other than a list of tensors")
+    shape, out_strides = meta(n)
+    dim = dim % len(shape)
+    if not dense(shape, out_strides):
+        out_strides = contiguous(shape)
+    order = memory_order(shape, out_strides)
+    kernels, launches, offset = [], [], 0
+    for i, t in enumerate(tensors):
+        t_shape, t_strides = meta(t)
+        size, at = math.prod(t_shape), permuted(t_shape, order)
+        kernels += ["@triton.jit", f"def _cat_{index}_{i}(src, out, BLOCK: tl.constexpr):",
+                    f'    """Input {i} of the cat ({tuple(t_shape)}) into its slice of the '
+                    f'output, from index {offset} along dim {dim}."""',
+                    "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+                    f"    mask = offs < {size}",
+                    f"    v = tl.load(src + {index_expr(at, permuted(t_strides, order))}, "
+                    "mask=mask)",
+                    f"    tl.store(out + {offset * out_strides[dim]} + "
+                    f"{index_expr(at, permuted(out_strides, order))}, v, mask=mask)", "", ""]
+        launches.append(f"    _cat_{index}_{i}[(triton.cdiv({size}, BLOCK),)](x{i}, out, "
+                        "BLOCK=BLOCK, num_warps=NUM_WARPS)")
+        offset += t_shape[dim]
+    args = ", ".join(f"x{i}" for i in range(len(tensors)))
+    launcher = [f"def kernel_{index}({args}):", f'    """cat along dim {dim}: a copy kernel an '
+                'input."""', *layout_check(f"kernel_{index}", list(tensors)),
+                f"    out = {allocation(shape, out_strides, 'x0.dtype')}",
+                *launches, "    return out", ""]
+    return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
+
+
+SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
+           "cat": cat_code}
