@@ -257,17 +257,16 @@ extract.py wrote this starter from the region's reference (KERNELBENCH_PROBLEM, 
 model's graph by profile.py): the convolutions and GEMMs are the vendor libraries' (cuDNN,
 cuBLAS), made as the reference makes them, every run of elementwise ops between them is one
 fused Triton kernel (_fused_<n>: one pass over memory, computed in fp32; a GroupNorm heads its
-run: one program a group of channels), and a pooling or a cat is a kernel of its own. That is
-much what torch.compile makes of a region, with one difference that matters for convolutions:
-torch.compile runs them in channels_last (NHWC) where that pays, and this starter keeps the
-reference's NCHW (on the H100, ResNet18's blocks start at 0.6-0.7x torch.compile, elementwise
-regions at 1.0x). First moves: the convolutions in channels_last (your own transposing copies
-of weights and activations, or the whole block kept NHWC); an eval-mode BatchNorm folded into
-the convolution's weights and bias (a small kernel over the weights in forward: verify.py
-passes each instance's own tensors in at every call, so values made from the parameters in
-__init__ would be the reference's draws, not the model's); the elementwise tail fused into your
-own GEMM or convolution's epilogue; a GroupNorm's groups split across programs when there are
-fewer groups than SMs.
+run: one program a group of channels), and a pooling or a cat is a kernel of its own. A region
+with 2-d convolutions runs in channels_last (NHWC), as torch.compile runs them where that pays:
+the weights are put in it once in __init__, an input that comes in NCHW is copied into it by
+to_channels_last, and every fused kernel walks memory in that order. That is much what
+torch.compile makes of a region (on the H100, elementwise regions start at 1.0x torch.compile).
+First moves: an eval-mode BatchNorm folded into the convolution's weights and bias (a small
+kernel over the weights in forward: verify.py passes each instance's own tensors in at every
+call, so values made from the parameters in __init__ would be the reference's draws, not the
+model's); the elementwise tail fused into your own GEMM or convolution's epilogue; a
+GroupNorm's groups split across programs when there are fewer groups than SMs.
 
 The rules (autokernel/region_kind.py): ModelNew.__init__ draws the reference's parameters in the
 same order and under the same names (the judge builds Model and ModelNew under one seed;

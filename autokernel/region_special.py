@@ -137,14 +137,10 @@ TO_CHANNELS_LAST = '''def to_channels_last(x):
     _to_channels_last[grid](x, out, C, H, W, *x.stride(), BLOCK_C=32, BLOCK_P=64, num_warps=4)
     return out
 '''
-# ModelNew.__init__'s last lines in such a region: its 4-d weights in channels_last once (the
-# judge builds ModelNew, then moves it to the device and dtype: .to keeps the layout). Where
-# verify.py plugs the kernel into a model, each instance's own tensors come in at every call, in
-# whatever layout the model keeps them: cuDNN takes those too (an NCHW weight costs it a
-# transpose a call), and the convolution of a channels_last input is channels_last either way.
-NHWC_INIT = '''for t in [*self.parameters(), *self.buffers()]:
-    if t.dim() == 4:  # the convolutions' weights in channels_last (NHWC), as traced
-        t.data = t.data.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)'''
+# ModelNew.__init__'s last line in such a region: its 4-d weights in channels_last once (the
+# judge builds ModelNew, then moves it to the device and dtype: .to keeps the layout; verify.py
+# hands each instance's own tensors in, copied once into the layouts ModelNew holds).
+NHWC_INIT = "self.to(memory_format=torch.channels_last)  # the convolutions' weights, as traced"
 
 
 # ---- calls with a kernel of their own: pooling windows, concatenation ------------------------

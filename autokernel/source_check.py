@@ -42,7 +42,8 @@ ALLOWED_TORCH = frozenset(
                               "double", "int8", "uint8", "int16", "short", "int32", "int",
                               "int64", "long", "bool", "float8_e4m3fn", "float8_e5m2",
                               "float8_e4m3fnuz", "float8_e5m2fnuz", "dtype", "finfo", "iinfo",
-                              "Tensor", "Size", "device", "is_tensor", "is_floating_point",
+                              "Tensor", "Size", "device", "channels_last",
+                              "contiguous_format", "is_tensor", "is_floating_point",
                               "numel", "get_default_dtype", "promote_types", "__version__",
                               "version.cuda", "version.hip")]
     # torch.cuda's device and stream helpers

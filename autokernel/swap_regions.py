@@ -5,8 +5,9 @@ profile's "instances": "layer1.0", "blocks.1", ...). For each instance, the swap
 module's forward with ModelNew's, run on the instance's own parameters: ModelNew is built once,
 and each of its parameters and buffers is the instance's tensor of the same name (the region's
 reference names them as regions.attribute_name does: "conv1.weight" -> conv1_weight), passed in
-by torch.func.functional_call at every call, so nothing is copied and a trained model's values
-are the ones used.
+by torch.func.functional_call at every call, so a trained model's values are the ones used.
+Only where ModelNew keeps a tensor in another layout (a starter's convolution weights in
+channels_last) is the instance's tensor copied, once, into that layout.
 
 A region may be only part of its module's forward (the calls of a kernel type inside the same
 module are not in it). So the first call of each instance runs both the module's own forward and
@@ -48,12 +49,21 @@ def instance_forward(swap, kernel, module, path):
         """ModelNew's parameters and buffers by name -> the instance's own tensors."""
         own = {attribute_name(f"{path}.{n}" if path else n, path): t
                for n, t in [*module.named_parameters(), *module.named_buffers()]}
-        wanted = [n for n, _ in [*state["new"].named_parameters(),
-                                 *state["new"].named_buffers()]]
+        mine = dict([*state["new"].named_parameters(), *state["new"].named_buffers()])
+        wanted = list(mine)
         missing = [n for n in wanted if n not in own]
         if missing:
             return None, f"the module has no tensor for ModelNew.{missing[0]}"
-        return {n: own[n] for n in wanted}, None
+        return {n: in_layout(own[n], mine[n]) for n in wanted}, None
+
+    def in_layout(t, like):
+        """The instance's tensor, or, where ModelNew holds its own in another layout (a
+        convolution's weight in channels_last), a copy of it in that layout, made once."""
+        if t.shape != like.shape or t.stride() == like.stride():
+            return t
+        with torch.no_grad():
+            return torch.empty_strided(t.shape, like.stride(), dtype=t.dtype,
+                                       device=t.device).copy_(t)
 
     def run(args, kwargs):
         return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)

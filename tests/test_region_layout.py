@@ -137,7 +137,7 @@ def test_a_convolution_block_runs_in_channels_last_and_passes_the_stages(tmp_pat
     # traced NHWC: the input copied into channels_last at the top, the kernels' outputs
     # allocated in it, the weights put in it once after the reference's draws
     assert "to_channels_last(in0)" in text and "torch.empty_strided(" in text, text
-    assert "t.data = t.data.permute(0, 2, 3, 1).contiguous()" in text
+    assert "self.to(memory_format=torch.channels_last)" in text
     assert "torch.empty((" not in text  # no NCHW activation left
     assert source_check.refusal(path) is None
     kernel = load_module(path)
