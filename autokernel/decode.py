@@ -133,14 +133,21 @@ class Step:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.fn(self.tokens, self.position)
+            self.warm_up(warmup)
         torch.cuda.current_stream().wait_stream(stream)
         if before:
             before()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = self.fn(self.tokens, self.position)
+
+    def warm_up(self, steps):
+        """Steps at the current position, the first uncompiled: what a swap works out only in
+        eager steps (transformers' cos/sin layout at the step's shapes, weight copies) is then
+        there for torch.compile's trace, which would otherwise fall back to torch for it or
+        compile again for every layer."""
+        for i in range(steps):
+            (self.decoder if i == 0 else self.fn)(self.tokens, self.position)
 
     def __call__(self, token, position):
         """token [B] (long, on the device), position int -> this step's logits [B, V]."""

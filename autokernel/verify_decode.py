@@ -36,6 +36,7 @@ from autokernel.endtoend import model_dtype, sync
 from autokernel.swap import Swap
 from autokernel.verify_report import Steps
 from autokernel.verify_run import device_name, kernel_entry
+from autokernel.weight_cache import WeightCache
 
 
 def probe(model, batch):
@@ -90,10 +91,11 @@ def verify_generation(model, kernels, prompt_len, new, batch, *, timing=True, re
             ("torch.compile + kernels", kernels, True, True)]
     plan = [p for p in plan if (graphs or not p[3] or p[0] == "kernels")
             and (backend or not p[2]) and (kernels or p[1] is None)]
+    weights = WeightCache()  # the kernels' weight copies, made once for every variant
     for i, (name, ks, compiled, graph) in enumerate(plan, 1):
         steps.start(f"variant {i}/{len(plan)}: {name}")
         began = time.monotonic()
-        swap = Swap(ks, compiled=compiled) if ks else None
+        swap = Swap(ks, weights, compiled=compiled) if ks else None
         entry = run_variant(decoder, prompt, ref, swap, compiled, graph and graphs, backend,
                             timing, repeat, batch, new, report["roofline_tokens_per_s"])
         report["variants"][name] = entry

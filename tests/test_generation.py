@@ -105,6 +105,28 @@ def test_decode_attention_starter_runs_every_step(make):
     assert swap.calls[kernel.name] >= 4 * layers and not swap.fallbacks["decode_attention"]
 
 
+def test_a_compiled_step_reuses_what_the_first_eager_step_worked_out():
+    """Step.warm_up runs its first step uncompiled, so the trace finds the swap's eager-only
+    checks made (transformers' cos/sin tables, the weight copies): qkv_rotary is plugged in
+    every compiled step and nothing compiles twice."""
+    import torch._dynamo
+    model, ids = tiny_hf(), prompt()
+    names = ("rmsnorm", "qkv_rotary", "matmul", "fused_mlp", "decode_attention")
+    kernels = [verify_select.load_kernel(autokernel.KERNELS_DIR / f"{n}.py") for n in names]
+    decoder = decoder_for(model, 2, 8 + 4)
+    swap = Swap(kernels, compiled=True)
+    torch._dynamo.reset()
+    with torch.no_grad(), swap.installed(model), \
+            torch._dynamo.config.patch(error_on_recompile=True):
+        step = Step(decoder, 2, torch.compile(decoder, backend="eager"))
+        step.prefill(ids)
+        step.position.fill_(8)
+        swap.reset()
+        step.warm_up(3)
+    layers = 2
+    assert swap.calls["qkv_rotary"] == 3 * layers and swap.calls["decode_attention"] == 3 * layers
+
+
 def test_a_mask_that_is_not_a_causal_prefix_falls_back():
     kernel = verify_select.load_kernel(autokernel.KERNELS_DIR / "decode_attention.py")
     q, k, v = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
