@@ -81,6 +81,13 @@ def serve(conn, kernel_path, log_path, source=None, confinement=None):
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in the log
     send = lambda msg: conn.send_bytes(json.dumps(msg).encode())  # noqa: E731
     from autokernel import sandbox
+    import autokernel.kernel_types  # noqa: F401  (CPU mode: TRITON_INTERPRET before triton)
+    import torch
+    if torch.cuda.is_available():
+        # The driver's first use opens its device files and may run nvidia-modprobe (setuid)
+        # to make them: the sandbox's no-new-privileges and write rules would refuse that
+        # ("cudaGetDeviceCount ... Error 304"), so the GPU is set up first, by the judge's code.
+        torch.zeros(1, device="cuda")
     try:
         if confinement is not None:  # before any of the kernel's code runs
             sandbox.confine(confinement)
@@ -90,7 +97,6 @@ def serve(conn, kernel_path, log_path, source=None, confinement=None):
                                                   f"it unconfined"})
         return
     confined = confinement is not None and confinement["abi"] is not None
-    import autokernel.kernel_types  # noqa: F401  (CPU mode: TRITON_INTERPRET before triton)
     from autokernel.contract import load_module, module_attrs
     try:
         module = load_module(kernel_path, source=source)
