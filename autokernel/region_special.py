@@ -1,7 +1,7 @@
 """
 The layouts a region starter's kernels are written for (autokernel/region_starter.py), and the
-calls with a kernel of their own: a pooling window, a cat, and the copy of an input into
-channels_last.
+calls with a kernel of their own: a pooling window, a cat, and the copy of an input into the
+traced layout.
 
 Every kernel's index math has the traced shapes and strides as constants (ShapeProp's, on the
 reference). A region with a 2-d convolution is traced in channels_last (NHWC: where cuDNN's
@@ -68,7 +68,8 @@ def allocation(shape, strides, dtype):
 def index_expr(shape, strides):
     """The element of an operand (its strides, broadcast to `shape`) for the flat position
     `offs` in `shape`: "offs" where it is laid out as `shape` is, else the terms of its own
-    strides, with the sizes as constants."""
+    strides, with the sizes as constants (a block of offsets even for a value every element
+    shares: a scalar pointer with a block mask is not a load Triton takes)."""
     dims = [(s, st) for s, st in zip(shape, strides) if s != 1]
     merged = []
     for size, stride in dims:  # neighbouring dims that are one run of memory become one
@@ -85,7 +86,7 @@ def index_expr(shape, strides):
         if size * inner < total:
             term = f"({term} % {size})"
         terms.append(term if stride == 1 else f"{term} * {stride}")
-    return " + ".join(terms) or "0"
+    return " + ".join(terms) or "offs * 0"  # (one element for every lane: still a block)
 
 
 def coordinates(shape, order):
@@ -111,32 +112,45 @@ def layout_check(launcher, inputs):
             "the kernel was written for {layout}')"]
 
 
-# The copy of a 4-d input (or parameter) that does not come in channels_last: the kernels of a
-# region traced in channels_last are written for it, so the forward starts with one call each.
-CHANNELS_LAST = '''@triton.jit
-def _to_channels_last(x, out, C, H, W, s0, s1, s2, s3, BLOCK_C: tl.constexpr,
-                      BLOCK_P: tl.constexpr):
-    """x (N, C, H, W), whatever its strides, into out in channels_last: a tile of channels x
-    pixels a program, read along the pixels (NCHW's rows) and written along the channels."""
+# The copy of a 4-d input (or parameter) into the layout the region was traced in: its
+# kernels' index math has the traced strides as constants, and a block's output may come in
+# the other layout (a channels_last region's output into a region traced NCHW, or the reverse),
+# so the forward starts with one call each (a no-op where the layout is already the traced one).
+RELAYOUT = '''@triton.jit
+def _relayout(x, out, C, H, W, s0, s1, s2, s3, t0, t1, t2, t3, BLOCK_C: tl.constexpr,
+              BLOCK_P: tl.constexpr):
+    """x (N, C, H, W) in strides s into out in strides t: a tile of channels x pixels a
+    program (read along one, written along the other: NCHW <-> NHWC either way)."""
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)[None, :]
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]
     n = tl.program_id(2).to(tl.int64)
     mask = (c < C) & (p < H * W)
     v = tl.load(x + n * s0 + c * s1 + (p // W) * s2 + (p % W) * s3, mask=mask)
-    tl.store(out + n * (C * H * W) + p * C + c, v, mask=mask)
-'''
-TO_CHANNELS_LAST = '''def to_channels_last(x):
-    """x itself when it is channels_last already (one block's output handed to the next), else
-    its copy in channels_last: the layout this region's kernels were written for."""
+    tl.store(out + n * t0 + c * t1 + (p // W) * t2 + (p % W) * t3, v, mask=mask)
+
+
+def _relayout_to(x, layout):
+    """x itself where it has these strides (size-1 dims' strides are never read), else its
+    copy in them."""
     N, C, H, W = x.shape
-    layout = (H * W * C, 1, W * C, C)
     if all(s == t for s, t, size in zip(x.stride(), layout, x.shape) if size != 1):
         return x
     out = torch.empty_strided(x.shape, layout, device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(H * W, 64), triton.cdiv(C, 32), N)
-    _to_channels_last[grid](x, out, C, H, W, *x.stride(), BLOCK_C=32, BLOCK_P=64, num_warps=4)
+    _relayout[grid](x, out, C, H, W, *x.stride(), *layout, BLOCK_C=32, BLOCK_P=64, num_warps=4)
     return out
 '''
+TO_LAYOUT = {True: '''def to_channels_last(x):
+    """x in channels_last, the layout this region's kernels were written for (x itself when it
+    comes so: one block's output handed to the next)."""
+    N, C, H, W = x.shape
+    return _relayout_to(x, (H * W * C, 1, W * C, C))
+''', False: '''def to_contiguous(x):
+    """x in NCHW, the layout this region's kernels were written for (x itself when it comes
+    so; a copy where a channels_last block hands its output on)."""
+    N, C, H, W = x.shape
+    return _relayout_to(x, (C * H * W, H * W, W, 1))
+'''}
 # ModelNew.__init__'s last line in such a region: its 4-d weights in channels_last once (the
 # judge builds ModelNew, then moves it to the device and dtype: .to keeps the layout; verify.py
 # hands each instance's own tensors in, copied once into the layouts ModelNew holds).

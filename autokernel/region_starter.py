@@ -8,9 +8,10 @@ each call sorted into
   * a view (reshape, permute, flatten, ...): no work, kept as it is;
   * an elementwise op (arithmetic, activations, an eval-mode BatchNorm or dropout, casts and
     copies): neighbouring ones are fused into one Triton kernel that loads each input once,
-    computes in fp32 and stores only what the rest of the region reads; a GroupNorm heads such
-    a kernel (one program a group of channels: its statistics, then the normalization and the
-    calls after it in one pass);
+    computes in fp32 and stores only what the rest of the region reads; a GroupNorm (or an
+    InstanceNorm: a group of one channel) heads such a kernel (one program a group of channels:
+    its statistics, then the normalization and the calls after it in one pass); a number the
+    forward makes a tensor of is a constant of the kernel;
   * a pooling window (max, average, an adaptive average with equal windows) or a cat: a kernel
     of its own (autokernel/region_special.py).
 A region with a 2-d convolution is traced in channels_last (NHWC), as torch.compile runs it:
@@ -18,10 +19,12 @@ cuDNN's convolutions are fastest there, and the kernels between them walk and wr
 layouts: autokernel/region_special.py). Its forward copies a 4-d input that comes in NCHW into
 channels_last first (a no-op for one that comes NHWC, a previous block's output), and ModelNew
 puts its 4-d weights in channels_last once. Where channels_last would leave torch a copy (a
-flatten of an NHWC activation into a GEMM, say), the region is traced NCHW, as any other is.
-A region with any other call (a softmax over a non-last dim, a reduction, an LSTM) has no
-generated starter yet: StarterError names the call, and extract.py leaves the region's
-reference for a kernel written by hand.
+flatten of an NHWC activation into a GEMM, say) or a norm's output in the other layout, the
+region is traced NCHW, as any other is, and its forward copies a 4-d input that comes in
+channels_last (a neighbouring block's output) into NCHW first.
+A region with any other call (a reduction: a softmax, a min over channels, a mean; an LSTM)
+has no generated starter yet: StarterError names the call in one line, and extract.py leaves
+the region's reference for a kernel written by hand.
 
 The file holds the fused kernels (@triton.jit, specialized to the region's shapes: the index
 math has the sizes as constants, as inductor's generated kernels do), a launcher for each, and
@@ -35,11 +38,12 @@ import re
 
 import torch
 from torch.fx import Graph, Node, symbolic_trace
+from torch.fx.node import map_arg
 from torch.fx.passes.shape_prop import ShapeProp
 
 from autokernel.contract import load_module
 from autokernel.fx_vocabulary import arg, op
-from autokernel.region_special import (CHANNELS_LAST, NHWC_INIT, SPECIAL, TO_CHANNELS_LAST,
+from autokernel.region_special import (NHWC_INIT, RELAYOUT, SPECIAL, TO_LAYOUT,
                                        StarterError, allocation, contiguous, dense, index_expr,
                                        layout_check, memory_order, meta, permuted, same_layout)
 
@@ -47,8 +51,11 @@ LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm"}
 VIEWS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "unsqueeze",
          "squeeze", "expand", "expand_as", "view_as", "getitem", "size"}
+DROPOUTS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+            "feature_alpha_dropout"}  # identities in eval mode
 SAME = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as",
-        "dropout", "alpha_dropout", "feature_alpha_dropout"}  # in fp32 compute: the value itself
+        *DROPOUTS}  # in fp32 compute: the value itself
+NORMS = {"batch_norm", "group_norm", "instance_norm"}  # per-channel operands along dim 1
 COMPARISONS = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
 # Every fused kernel is memory-bound and one-dimensional: 1,024 elements a program over 4 warps
 # (8 a thread: 16-byte loads in fp16), inductor's usual pick for a large pointwise kernel.
@@ -103,6 +110,8 @@ ELEMENTWISE = {
     "hardtanh": lambda a: _clamp(a(0), a.raw(1, "min_val", -1.0), a.raw(2, "max_val", 1.0)),
     "clamp": lambda a: _clamp(a(0), a.raw(1, "min"), a.raw(2, "max")),
     "clip": lambda a: _clamp(a(0), a.raw(1, "min"), a.raw(2, "max")),
+    "clamp_min": lambda a: _clamp(a(0), a.raw(1, "min"), None),
+    "clamp_max": lambda a: _clamp(a(0), None, a.raw(1, "max")),
     "silu": lambda a: f"({a(0)} * tl.sigmoid({a(0)}))",
     "tanh": lambda a: _tanh(a(0)),
     "gelu": lambda a: _gelu(a(0), a.raw(1, "approximate", "none")),
@@ -110,6 +119,8 @@ ELEMENTWISE = {
     "reciprocal": lambda a: f"(1.0 / {a(0)})",
     "maximum": lambda a: f"tl.maximum({a(0)}, {a(1)})",
     "minimum": lambda a: f"tl.minimum({a(0)}, {a(1)})",
+    "max": lambda a: f"tl.maximum({a(0)}, {a(1, 'other')})",  # binary (kind_of: not over a dim)
+    "min": lambda a: f"tl.minimum({a(0)}, {a(1, 'other')})",
     "where": lambda a: f"tl.where({a(0)}, {a(1)}, {a(2)})",
     "leaky_relu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, "
                             f"{a(0)} * {a.raw(1, 'negative_slope', 0.01)})",
@@ -119,8 +130,15 @@ ELEMENTWISE = {
     "hardswish": lambda a: f"({a(0)} * {_clamp(f'{a(0)} + 3', 0.0, 6.0)} / 6)",
     "softplus": lambda a: _softplus(a(0), a.raw(1, "beta", 1.0), a.raw(2, "threshold", 20.0)),
     "mish": lambda a: f"({a(0)} * {_tanh(_softplus(a(0)))})",
+    "selu": lambda a: f"1.0507009873554805 * tl.where({a(0)} > 0, {a(0)}, "
+                      f"1.6732632423543772 * (tl.exp({a(0)}) - 1))",
+    "celu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, {a.raw(1, 'alpha', 1.0)} * "
+                      f"(tl.exp({a(0)} / {a.raw(1, 'alpha', 1.0)}) - 1))",
+    "softsign": lambda a: f"({a(0)} / (1 + tl.abs({a(0)})))",
+    "log_sigmoid": lambda a: f"(tl.minimum({a(0)}, 0.0) - tl.log(1 + tl.exp(-tl.abs({a(0)}))))",
     "batch_norm": lambda a: _batch_norm(a),
-    "group_norm": lambda a: _group_norm(a),
+    "group_norm": lambda a: _affine(a, f"({a(0)} - mean) * rstd", 2),  # stats: pass one
+    "instance_norm": lambda a: _instance_norm(a),
     **{name: (lambda a, s=sym: f"({a(0)} {s} {a(1)})") for name, sym in COMPARISONS.items()},
     **{name: (lambda a, f=name: f"tl.{f}({a(0)})")  # Triton's own elementwise functions
        for name in ("sigmoid", "exp", "log", "sqrt", "rsqrt", "abs", "erf", "sin", "cos")},
@@ -147,10 +165,13 @@ def _batch_norm(a):
                       f"tl.rsqrt({a(2, 'running_var')} + {a.raw(7, 'eps', 1e-5)})", 3)
 
 
-def _group_norm(a):
-    """GroupNorm's second pass: the group's mean and rstd (its kernel's first pass) applied,
-    then each channel's affine."""
-    return _affine(a, f"({a(0)} - mean) * rstd", 2)
+def _instance_norm(a):
+    """InstanceNorm: a GroupNorm of one channel a group (its kernel's first pass gives mean and
+    rstd), or with running statistics (use_input_stats=False) a BatchNorm's affine."""
+    if a.raw(5, "use_input_stats", True):
+        return _affine(a, f"({a(0)} - mean) * rstd", 3)
+    return _affine(a, f"({a(0)} - {a(1, 'running_mean')}) * "
+                      f"tl.rsqrt({a(2, 'running_var')} + {a.raw(7, 'eps', 1e-5)})", 3)
 
 
 def _affine(a, normalized, weight_at):
@@ -181,8 +202,15 @@ def kind_of(n):
         return "library"
     if name in VIEWS:
         return "view"
-    if name == "dropout" and arg(n, 2, "training", True) and arg(n, 1, "p", 0.5):
-        raise StarterError("dropout in training mode")
+    if name in DROPOUTS and arg(n, 2, "training", "alpha" not in name) and arg(n, 1, "p", 0.5):
+        raise StarterError(f"{name} in training mode")
+    if name in ("min", "max", "amin", "amax", "sum", "mean", "prod", "softmax", "log_softmax",
+                "logsumexp", "var", "std", "norm", "cumsum") and \
+            not isinstance(arg(n, 1, "other"), Node):  # torch.min(x, y) is elementwise
+        dims = arg(n, 1, "dim")
+        over = "all elements" if dims is None else f"dim {dims}"
+        raise StarterError(f"{name} over {over} (a reduction: no generated code for it yet; "
+                           f"write this region's kernel by hand)")
     if name in ELEMENTWISE:
         return "elementwise"
     if name in SPECIAL:
@@ -207,7 +235,7 @@ def groups_of(graph):
         for a in n.all_input_nodes:
             g = group_of.get(a)
             if g is None or g in chosen or meta(groups[g][0])[0] != shape or \
-                    op(n) == "group_norm" or (chosen and _normed(groups[g])) or \
+                    _norm_head(n) or (chosen and _normed(groups[g])) or \
                     any(_normed(groups[h]) for h in chosen):
                 continue
             if _convex({n, *(m for h in chosen + [g] for m in groups[h])}, groups, group_of):
@@ -227,10 +255,24 @@ def groups_of(graph):
     return [sorted(g, key=order.get) for g in groups if g]
 
 
+def _norm_head(n):
+    """A GroupNorm, or an InstanceNorm of its input's statistics (a GroupNorm of one channel a
+    group): statistics over a group of channels first, so the head of a group of its own."""
+    return op(n) == "group_norm" or op(n) == "instance_norm" and \
+        arg(n, 5, "use_input_stats", True)
+
+
+def _norm_groups(n):
+    """(groups per sample, eps) of a norm head."""
+    if op(n) == "group_norm":
+        return arg(n, 1, "num_groups"), arg(n, 4, "eps", 1e-5)
+    return meta(n)[0][1], arg(n, 7, "eps", 1e-5)
+
+
 def _normed(nodes):
-    """A group headed by a GroupNorm: one program a group of channels, two passes (its kernel
-    is written for that head alone, so such a group only takes calls after it)."""
-    return bool(nodes) and op(nodes[0]) == "group_norm"
+    """A group headed by a norm: one program a group of channels, two passes (its kernel is
+    written for that head alone, so such a group only takes calls after it)."""
+    return bool(nodes) and _norm_head(nodes[0])
 
 
 def _convex(members, groups, group_of):
@@ -302,9 +344,8 @@ def group_code(index, nodes, outside):
     if _normed(nodes):
         kernel = _normed_kernel(kname, params, nodes[0], inputs, shape, order, ops,
                                 loads + body + stores)
-        groups = arg(nodes[0], 1, "num_groups")
         launcher = _launcher(index, kname, inputs, outputs, written, shape, ops,
-                             grid=shape[0] * groups)
+                             grid=shape[0] * _norm_groups(nodes[0])[0])
         return kernel, launcher, inputs, outputs
     total = math.prod(shape)
     offs = "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
@@ -336,18 +377,18 @@ def _at(walked, strides):
 
 
 def _normed_kernel(kname, params, norm, inputs, shape, order, ops, per_block):
-    """A GroupNorm's kernel: one program a (sample, group), whose channels are one contiguous
-    run of memory in (N, C, ...) (in channels_last: a run of them a pixel): its mean and
-    variance first (sums of the values less the group's first one, so an offset of the data
-    costs no precision), then the normalization and the calls after it (per_block: their
-    lines), a block at a time."""
+    """A GroupNorm's (an InstanceNorm's) kernel: one program a (sample, group), whose channels
+    are one contiguous run of memory in (N, C, ...) (in channels_last: a run of them a pixel,
+    a strided walk for an InstanceNorm's single channel): its mean and variance first (sums of
+    the values less the group's first one, so an offset of the data costs no precision), then
+    the normalization and the calls after it (per_block: their lines), a block at a time."""
     x = arg(norm, 0, "input")
     x_strides = meta(x)[1]
     rank, walked = len(shape), permuted(shape, order)
-    if rank < 3 or not same_layout(walked, permuted(x_strides, order), contiguous(walked)) \
+    if rank < 2 or not same_layout(walked, permuted(x_strides, order), contiguous(walked)) \
             or order not in (tuple(range(rank)), (0, *range(2, rank), 1)):
-        raise StarterError(f"group_norm of a {rank}-d input laid out as {x_strides}")
-    groups, eps = arg(norm, 1, "num_groups"), arg(norm, 4, "eps", 1e-5)
+        raise StarterError(f"{op(norm)} of a {rank}-d input laid out as {x_strides}")
+    groups, eps = _norm_groups(norm)
     size, width = math.prod(shape) // (shape[0] * groups), shape[1] // groups
     xi = f"in{inputs.index(x)}"
     big = math.prod(shape) >= 2 ** 31
@@ -357,7 +398,8 @@ def _normed_kernel(kname, params, norm, inputs, shape, order, ops, per_block):
     else:  # channels_last: the group's channels are a run of each pixel's C
         base = f"({pid} // {groups}) * {math.prod(shape[1:])} + ({pid} % {groups}) * {width}"
         at, offs = "offs", [f"        offs = base + ((start + lanes) // {width}) * "
-                            f"{shape[1]} + (start + lanes) % {width}"]
+                            f"{shape[1]} + (start + lanes) % {width}" if width > 1 else
+                            f"        offs = base + (start + lanes) * {shape[1]}"]
     return "\n".join([
         "@triton.jit",
         f"def {kname}({', '.join(params)}, BLOCK: tl.constexpr):",
@@ -387,7 +429,7 @@ def _channel_dim(a, nodes):
     """A BatchNorm's statistics and affine apply along dim 1 of its input (not numpy's
     trailing alignment): the dim a 1-d operand of a batch_norm runs along."""
     for n in nodes:
-        if op(n) in ("batch_norm", "group_norm") and a in n.all_input_nodes \
+        if op(n) in NORMS and a in n.all_input_nodes \
                 and a is not arg(n, 0, "input"):
             return 1
     return None
@@ -457,6 +499,7 @@ def starter_source(problem_path, header):
 def _starter_source(problem_path, header):
     gm, nhwc = _traced(load_module(problem_path))
     graph = gm.graph
+    _fold_scalars(gm)
     groups = groups_of(graph)
     group_of = {n: g for g, nodes in enumerate(groups) for n in nodes}
     kernels, launchers, new, env = [], {}, Graph(), {}
@@ -473,7 +516,8 @@ def _starter_source(problem_path, header):
     for g, (kernel, launcher, _, _) in pieces.items():
         kernels.append(kernel)
         launchers[g] = launcher
-    functions, to_nhwc = {}, _named("to_channels_last")
+    functions = {}
+    relayout = _named(TO_LAYOUT[nhwc].split("(")[0][4:])  # to_channels_last or to_contiguous
     for n in _units_in_order(graph, groups, group_of):
         if isinstance(n, int):  # a group: one launch
             _, source, inputs, outputs = pieces[n]
@@ -485,13 +529,14 @@ def _starter_source(problem_path, header):
                     operator.getitem, (call, k))
             continue
         env[n] = new.node_copy(n, env.__getitem__)
-        if nhwc and n.op in ("placeholder", "get_attr") and len((meta(n) or ((),))[0]) == 4 \
-                and (n.op == "placeholder" or any(op(u) not in LIBRARY for u in n.users)):
-            # the kernels are written for channels_last, whatever the caller passes in
-            env[n] = new.create_node("call_function", to_nhwc, (env[n],), name=f"{n.name}_cl")
-    if any(u.target is to_nhwc for u in new.nodes):
-        kernels.append(CHANNELS_LAST)
-        launchers[-1] = TO_CHANNELS_LAST
+        if (n.op == "placeholder" or nhwc and n.op == "get_attr" and any(
+                op(u) not in LIBRARY for u in n.users)) and len((meta(n) or ((),))[0]) == 4:
+            # the kernels are written for the traced layout, whatever the caller passes in
+            env[n] = new.create_node("call_function", relayout, (env[n],),
+                                     name=f"{n.name}_{'cl' if nhwc else 'c'}")
+    if any(u.target is relayout for u in new.nodes):
+        kernels.append(RELAYOUT)
+        launchers[-1] = TO_LAYOUT[nhwc]
     code = new.python_code(root_module="self")
     forward = code.src
     for name, value in code.globals.items():
@@ -564,13 +609,37 @@ def _nhwc_fits(gm, nchw):
                 torch.empty_strided(*meta(arg(n, 0)), device="meta").view(meta(n)[0])
             except RuntimeError:
                 return False
-        elif name == "group_norm":
+        elif name in ("group_norm", "instance_norm"):
             shape, strides = meta(arg(n, 0, "input"))
             order = memory_order(shape, strides)
             if not dense(shape, strides) or order not in (tuple(range(len(shape))),
-                                                          (0, *range(2, len(shape)), 1)):
-                return False
+                                                          (0, *range(2, len(shape)), 1)) \
+                    or not same_layout(shape, strides, meta(n)[1]):
+                return False  # (torch's InstanceNorm returns NCHW: its trace says so)
     return True
+
+
+def _fold_scalars(gm):
+    """A number the forward makes a tensor of (torch.min(x, torch.tensor(0.0)): the trace holds
+    it as a constant of its own, which ModelNew has not): its value written into the
+    elementwise calls that read it (a constant of the kernel), and such a torch.min or max
+    named minimum or maximum (elementwise, not a reduction over a dim)."""
+    for n in list(gm.graph.nodes):
+        if n.op != "get_attr" or not n.target.startswith("_tensor_constant"):
+            continue
+        t = getattr(gm, n.target)
+        if t.dim() != 0 or t.dtype == torch.bool or t.is_complex() or \
+                not all(op(u) in ELEMENTWISE for u in n.users):
+            raise StarterError(f"a tensor of shape {tuple(t.shape)} made from constants in the "
+                               f"forward (write this region's kernel by hand)")
+        value = t.item()
+        for u in list(n.users):
+            if op(u) in ("min", "max"):
+                name = {"min": "minimum", "max": "maximum"}[op(u)]
+                u.target = name if u.op == "call_method" else getattr(torch, name)
+            u.args = map_arg(u.args, lambda a: value if a is n else a)
+            u.kwargs = map_arg(u.kwargs, lambda a: value if a is n else a)
+        gm.graph.erase_node(n)
 
 
 def _named(name):

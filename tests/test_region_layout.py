@@ -4,6 +4,8 @@ and allocate NHWC, its forward takes an input in either layout (a copy kernel wh
 NHWC) and its weights in either layout (verify.py passes a model's own, NCHW). Each block here is
 written as profile.py freezes a region (functional calls, parameters by flat names), at small
 shapes; the judge's stages (what bench.py runs) pass on each."""
+import re
+
 import pytest
 import torch
 
@@ -189,3 +191,107 @@ def get_inputs():
     x = problem.get_inputs()[0]
     with torch.no_grad():
         assert torch.allclose(new(x), model(x), atol=1e-5)
+
+
+def agrees(tmp_path, body, atol=1e-4):
+    """The starter's text, after checking ModelNew computes the reference on an NCHW input,
+    the same input in channels_last (a neighbouring block's output in verify.py), and the
+    model's own tensors as verify.py passes them."""
+    path, text, problem = starter(tmp_path, body)
+    assert source_check.refusal(path) is None
+    kernel = load_module(path)
+    torch.manual_seed(2)
+    model = problem.Model().eval()
+    torch.manual_seed(2)
+    new = kernel.ModelNew().eval()
+    x = problem.get_inputs()[0]
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    with torch.no_grad():
+        want = model(x)
+        for given in (x, x.contiguous(memory_format=torch.channels_last)):
+            assert torch.allclose(new(given), want, atol=atol, rtol=atol), given.stride()
+        got = torch.func.functional_call(new, tensors, (x,))
+        assert torch.allclose(got, want, atol=atol, rtol=atol)
+    return text
+
+
+CONV = """
+        self.w = nn.Parameter(torch.randn((8, 3, 3, 3)) * 0.2)
+        self.b = nn.Parameter(torch.randn((8,)) * 0.1)
+        self.g = nn.Parameter(torch.rand((8,)) + 0.5)
+        self.s = nn.Parameter(torch.randn((1, 1, 1)))      # one value for every element
+        self.k = nn.Parameter(torch.tensor(1.5))            # a 0-d parameter
+        self.register_buffer("rm", torch.randn((8,)) * 0.1)
+        self.register_buffer("rv", torch.rand((8,)) + 0.5)
+
+    def forward(self, in0):
+        x = torch.conv2d(in0, self.w, self.b, 1, 1)
+        return %s
+
+
+def get_inputs():
+    return [torch.randn((2, 3, 6, 5))]
+"""
+
+
+@pytest.mark.parametrize("tail", [
+    # KernelBench level 2's epilogues: torch.min(x, torch.tensor(0.0)) is elementwise (the
+    # constant written into the kernel), a (1, 1, 1) or 0-d parameter is one value every lane
+    # loads (a block of the same address: a scalar pointer under a block mask is refused)
+    "torch.nn.functional.gelu(torch.min(x + 0.5, torch.tensor(0.0))) * 2.0",
+    "torch.max(x, torch.sigmoid(x) * 0.5) + torch.clamp_min(x, 0.1) + x.clamp_max(0.2)",
+    "torch.sigmoid(x + self.s) * self.k",
+    "F.selu(x) + F.celu(x, 0.5) + F.softsign(x) + F.logsigmoid(x) + F.mish(F.hardswish(x))",
+    "F.dropout2d(torch.relu(x), 0.2, False, False)",
+])
+def test_level2_epilogues(tmp_path, tail):
+    assert "to_channels_last(in0)" in agrees(tmp_path, CONV % tail)
+
+
+@pytest.mark.parametrize("norm", [
+    "F.instance_norm(x, None, None, None, None, True, 0.1, 1e-05) / 2.0",
+    "torch.relu(F.instance_norm(x, None, None, self.g, self.b, True, 0.1, 1e-05))",
+    "F.instance_norm(x, self.rm, self.rv, self.g, self.b, False, 0.1, 1e-05)",
+])
+def test_instance_norm_is_a_group_norm_of_one_channel_traced_nchw(tmp_path, norm):
+    """torch's InstanceNorm returns NCHW for an NHWC input, so the channels_last trace would
+    hand the next kernel a layout the norm's kernel does not write: the region runs NCHW, its
+    input copied into NCHW where it comes channels_last."""
+    text = agrees(tmp_path, CONV % norm)
+    assert "to_contiguous(in0)" in text and "to_channels_last" not in text, text
+
+
+def test_group_norm_of_a_gemm_output(tmp_path):
+    """GroupNorm over (N, C): each group a run of C // G values of a row."""
+    path, text, problem = starter(tmp_path, """
+        self.w = nn.Parameter(torch.randn((16, 8)) * 0.2)
+        self.g = nn.Parameter(torch.rand((16,)) + 0.5)
+        self.b = nn.Parameter(torch.randn((16,)) * 0.1)
+
+    def forward(self, in0):
+        x = F.linear(in0, self.w)
+        return F.hardtanh(F.group_norm(x, 4, self.g, self.b, 1e-05), -2.0, 2.0)
+
+
+def get_inputs():
+    return [torch.randn((3, 8))]
+""")
+    assert "group_norm" in text and "to_c" not in text  # (a 2-d input: nothing to copy)
+    kernel = load_module(path)
+    torch.manual_seed(2)
+    model = problem.Model().eval()
+    torch.manual_seed(2)
+    new = kernel.ModelNew().eval()
+    x = problem.get_inputs()[0]
+    with torch.no_grad():
+        assert torch.allclose(new(x), model(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("tail, says", [
+    ("torch.tanh(torch.min(x, dim = 1, keepdim = True)[0])", "min over dim 1 (a reduction"),
+    ("x.mean([2, 3])", "mean over dim [2, 3] (a reduction"),
+    ("torch.sigmoid(torch.softmax(x, dim = 1) * 2.0)", "softmax over dim 1 (a reduction"),
+])
+def test_a_reduction_is_a_one_line_starter_error(tmp_path, tail, says):
+    with pytest.raises(region_starter.StarterError, match=re.escape(says)):
+        starter(tmp_path, CONV % tail)
