@@ -105,8 +105,10 @@ def merge_by_type(entries, types=None):
             skipped.append((e["name"], ktype, e.get("note") or "no shapes recorded"))
             continue
         if e.get("pluggable") is False:
-            skipped.append((e["name"], ktype, "written out as torch ops in the model: verify.py "
-                            "has no swap that plugs a kernel in there yet"))
+            why = e.get("pluggable_note") or "no swap rule reaches it and its module's graph " \
+                "holds no computation the graph swap rewrites"
+            skipped.append((e["name"], ktype, f"verify.py cannot plug a kernel in where the "
+                            f"model computes it: {why}"))
             continue
         m = merged.setdefault(ktype, {"kernel_type": ktype, "time_us": 0.0, "share": 0.0,
                                       "ops": [], "shapes": {}, "variants": {}, "bounds": []})

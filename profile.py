@@ -64,8 +64,10 @@ profile.json schema (times are per iteration, in microseconds):
     amdahl_ceiling 1 / (1 - share): the end-to-end speedup if this op took no time at all
     note           why shapes are missing, or "" (never a silent default)
     pluggable      typed entries: whether verify.py's swap reaches this type in this model (a
-                   computation recognized where the model writes it out as torch ops may not
-                   be: extract.py skips it then); null if that check failed
+                   computation the model writes out as torch ops is plugged into the module's
+                   captured graph, autokernel/swap_graph.py, where that works: extract.py skips
+                   it where not); null if that check failed
+    pluggable_note why not, when pluggable is false and the swap said (its fallbacks)
     region         region entries (group "region", name "<module class>:<id>": a piece of the
                    model's own code outside the kernel types, autokernel/regions.py; calls =
                    its instances per forward, shapes = its first input's):
@@ -388,8 +390,9 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, descr
         peak = torch.cuda.max_memory_allocated(device) if on_gpu else None
         step(f"2/3 {iters} timed forwards done; profiling {iters} more")
 
+        unplugged = {}  # type -> why the swap did not plug it where the model runs it
         try:
-            plugged = pluggable_types(model, lambda m: run_forward(m, inputs))
+            plugged = pluggable_types(model, lambda m: run_forward(m, inputs), reasons=unplugged)
         except Exception as e:  # noqa: BLE001  (unknown then: nothing is marked)
             print(f"  could not check which kernel types verify.py can plug in: {describe(e)}")
             plugged = None
@@ -419,6 +422,8 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, descr
     for e in entries:
         if e["kernel_type"]:
             e["pluggable"] = None if plugged is None else e["kernel_type"] in plugged
+            if e["pluggable"] is False and unplugged.get(e["kernel_type"]):
+                e["pluggable_note"] = "; ".join(unplugged[e["kernel_type"]])
         elif e["group"] == REGION:
             add_region(e, regions[e["name"].rsplit(":", 1)[1]], ceilings)
     lost = sum(unattributed.values())

@@ -83,7 +83,7 @@ def capture(model, inputs, skip=(), regions=None, origin=None):
         return gm
 
     compiled = torch.compile(model, backend=backend, dynamic=False)
-    with _dynamo_quiet():
+    with dynamo_quiet():
         compiled(*inputs)
     if not graphs:
         raise RuntimeError("Dynamo captured no graph of the forward")
@@ -104,7 +104,7 @@ def _regions(gm, example_inputs, matches, model, regions, origin):
 
 
 @contextmanager
-def _dynamo_quiet():
+def dynamo_quiet():
     # A failed trace logs pages of internals before it raises; the one-line reason is enough.
     previous = logging.root.manager.disable
     logging.disable(logging.ERROR)

@@ -26,8 +26,13 @@ class Match:
     variant: dict = field(default_factory=dict)
     note: str = ""
     label: str = ""           # the innermost module the computation is in (its class name)
+    modules: list = field(default_factory=list)  # Dynamo's module stack its nodes share (as
+                                                 # module_stack; before views feeding it joined)
     source: Node = None       # the tensor a rotary rotates (qkv_rotary finds its projection)
     outputs: tuple = ()       # values read outside besides `output` (qkv_rotary's k and v)
+    operands: dict = field(default_factory=dict)  # what a kernel call would take in its place
+                                                  # (attention's q, k, v, scale, mask: the
+                                                  # graph swap's arguments, swap_graph.py)
 
     @property
     def scope(self):
@@ -45,7 +50,8 @@ def find_matches(gm, example_inputs, patterns, root="forward", skip=()):
         for node in list(gm.graph.nodes):
             m = fn(node, values) if node not in claimed else None
             if m is not None and _self_contained(m, claimed):
-                m.label = _label(m.nodes, root)
+                m.modules = module_stack(m.nodes)
+                m.label = _label(m.modules, root)
                 claimed |= m.nodes
                 matches.append(m)
     for m in matches:
@@ -103,20 +109,26 @@ def _movable(m, graph):
     return True
 
 
-def _label(nodes, root):
-    """The class name of the innermost module all nodes were called in (the model's own class
-    for code in its forward)."""
+def module_stack(nodes):
+    """Dynamo's module stack all nodes share, outermost first: [(key, (path, class))], the
+    last the innermost module they were all called in; [] for code in the top-level forward."""
     common = None
     for n in nodes:
-        stack = list((n.meta.get("nn_module_stack") or {}).values())
+        stack = list((n.meta.get("nn_module_stack") or {}).items())
         if common is None:
             common = stack
         else:
             k = 0
-            while k < min(len(common), len(stack)) and common[k][0] == stack[k][0]:
+            while k < min(len(common), len(stack)) and common[k][1][0] == stack[k][1][0]:
                 k += 1
             common = common[:k]
+    return common or []
+
+
+def _label(common, root):
+    """The class name of the innermost module of a module stack (the model's own class for code
+    in its forward)."""
     if not common:
         return root
-    cls = common[-1][1]
+    cls = common[-1][1][1]
     return cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]

@@ -5,7 +5,8 @@ entry point with its rule's handler in front.
 patched(swap, original, handler) is what a swap puts in place of a torch function or Tensor
 method: the handler (autokernel/swap_torch.py) answers the call, or returns FALLBACK and the
 original runs. applying(patches) sets each (owner, attribute, replacement) and restores them on
-exit. known_to_the_compiler() builds the compiler's tables of torch's functions before anything
+exit; suspended(applied) takes them out for a while (a graph swap captures the model's own code).
+known_to_the_compiler() builds the compiler's tables of torch's functions before anything
 is patched. capturing() says when no value read back from the device may steer a handler.
 """
 import contextlib
@@ -23,19 +24,41 @@ FALLBACK = object()  # a handler's "not mine: run the original op"
 
 @contextlib.contextmanager
 def applying(patches):
-    """setattr(owner, attr, new) for each (owner, attr, new), undone on exit in reverse order."""
-    applied = []  # (owner, attr, whether owner itself held attr, the original)
+    """setattr(owner, attr, new) for each (owner, attr, new), undone on exit in reverse order.
+    Yields the list of what it set, [(owner, attr, whether owner itself held attr, the
+    original)], for suspended()."""
+    applied = []
     try:
         for owner, attr, new in patches:
             applied.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
             setattr(owner, attr, new)
+        yield applied
+    finally:
+        _undo(applied)
+
+
+def _undo(applied):
+    for owner, attr, had_own, old in reversed(applied):
+        if had_own:
+            setattr(owner, attr, old)
+        else:  # inherited (a class's forward, TensorBase's methods): uncover it again
+            delattr(owner, attr)
+
+
+@contextlib.contextmanager
+def suspended(*applied):
+    """The originals of what applying() set (each a list it yielded, in the order applied) back
+    for the length of a block, the replacements again after it: the model's own code, for a
+    graph captured of it."""
+    now = [[(owner, attr, vars(owner)[attr]) for owner, attr, _, _ in a] for a in applied]
+    for a in reversed(applied):
+        _undo(a)
+    try:
         yield
     finally:
-        for owner, attr, had_own, old in reversed(applied):
-            if had_own:
-                setattr(owner, attr, old)
-            else:  # inherited (a class's forward, TensorBase's methods): uncover it again
-                delattr(owner, attr)
+        for replacements in now:
+            for owner, attr, new in replacements:
+                setattr(owner, attr, new)
 
 
 def known_to_the_compiler(inductor):

@@ -27,6 +27,8 @@ def attention(n, values):
     if op(n) not in ("matmul", "bmm"):
         return None
     probs, v = n.args[0], n.args[1]
+    if not isinstance(v, Node):
+        return None
     probs, nodes = through(probs)
     nodes = [n, *nodes]
     if op(probs) == "dropout":
@@ -39,7 +41,7 @@ def attention(n, values):
     if scores is None:
         return None
     nodes += sm_nodes
-    qk, peeled, mask = _scores(scores)
+    qk, peeled, mask, scale = _scores(scores)
     if qk is None:
         return None
     nodes += peeled
@@ -53,6 +55,9 @@ def attention(n, values):
         return None
     seq, dim = qs[-2], qs[-1]
     found = Match("flash_attention", n, nodes)
+    # What a kernel call takes in place of the match (autokernel/swap_graph.py): the tensors
+    # that feed q @ k^T and the weighted sum, the scale the scores are multiplied by, the mask.
+    found.operands = {"q": q, "k": k, "v": v, "scale": scale, "mask": mask and mask[1]}
     if ks[-2] != seq or vs[-2] != seq:
         found.note = (f"cross attention ({seq} queries, {ks[-2]} keys): the kernel takes "
                       "self-attention")
@@ -65,23 +70,32 @@ def attention(n, values):
         elif not blocks_future(blocked_scores(mask, values), seq):
             found.shape, found.note = None, "attention with a mask that is not causal"
         if found.shape and len(qs) == 4:
-            heads = _kv_heads(k, qs[1])
+            heads, k_heads = _kv_heads(k, qs[1])
             if heads != qs[1]:
                 found.variant["kv_groups"] = qs[1] // heads
+                v_heads = _kv_heads(v, qs[1])
+                # the kernel reads each key/value head once: k and v before their repeat
+                if v_heads[0] == heads and shape(v_heads[1]) == shape(k_heads):
+                    found.operands.update(k=k_heads, v=v_heads[1])
+                else:
+                    found.operands.update(k=None, v=None)
     return found
 
 
 def _scores(s):
-    """(q @ k^T node, nodes peeled, mask) under a scale and a mask, in either order."""
-    nodes, mask = [], None
+    """(q @ k^T node, nodes peeled, mask, scale) under a scale and a mask, in either order; the
+    scale is what q @ k^T is multiplied by (1.0 when it is not scaled)."""
+    nodes, mask, scale = [], None, 1.0
     for _ in range(3):
         s, casts = through(s)
         nodes += casts
         o = op(s)
         if o in ("matmul", "bmm"):
-            return s, nodes, mask
+            return s, nodes, mask, scale
         if o in ("mul", "div") and (number(arg(s, 1)) or o == "mul" and number(arg(s, 0))):
             nodes.append(s)
+            factor = arg(s, 1) if number(arg(s, 1)) else arg(s, 0)
+            scale = scale * factor if o == "mul" else scale / factor
             s = arg(s, 0) if isinstance(arg(s, 0), Node) else arg(s, 1)
         elif mask is None and o == "masked_fill" and number(arg(s, 2, "value")) \
                 and arg(s, 2, "value") <= NEG_LARGE:
@@ -93,14 +107,14 @@ def _scores(s):
         elif mask is None and o == "add":
             a, b = arg(s, 0), arg(s, 1)
             if not (isinstance(a, Node) and isinstance(b, Node)):
-                return None, [], None
+                return None, [], None, None
             # the scores are the side that leads to q @ k^T
             scores, other = (a, b) if _scores_path(a) else (b, a)
             nodes.append(s)
             mask, s = ("additive", other), scores
         else:
-            return None, [], None
-    return None, [], None
+            return None, [], None, None
+    return None, [], None, None
 
 
 def _scores_path(n):
@@ -132,20 +146,21 @@ def _untransposed(kt):
 
 
 def _kv_heads(k, heads):
-    """The key heads before a repeat to `heads` (repeat_interleave, expand + reshape)."""
+    """(the key heads before a repeat to `heads` (repeat_interleave, expand + reshape), the
+    node that holds them); (heads, k) when k is not repeated."""
     n, repeated = k, False
     for _ in range(8):
         if op(n) in ("repeat_interleave", "expand", "repeat"):
             repeated = True
         elif repeated and shape(n) and len(shape(n)) == 4:
             h = shape(n)[1]
-            return h if h < heads and heads % h == 0 else heads
+            return (h, n) if h < heads and heads % h == 0 else (heads, k)
         if op(n) not in VIEWS | {"repeat"} or not isinstance(arg(n, 0), Node):
             break
         n = n.args[0]
     if repeated and shape(n) and len(shape(n)) == 4 and heads % shape(n)[1] == 0:
-        return shape(n)[1]
-    return heads
+        return shape(n)[1], n
+    return heads, k
 
 
 def _softmax_parts(n):

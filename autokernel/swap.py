@@ -34,6 +34,13 @@ The rules (SWAP_RULES, one entry per kernel type):
   * A call whose arguments fall outside the kernel contract (an attention mask, dropout, GQA
     without enable_gqa, ...) runs the original op and is counted as a fallback with its reason.
     A kernel that never ran during the forward is a FAILURE, not a replacement.
+  * A computation a kernel type's pattern recognizes where the model writes it out as torch ops
+    (attention as q @ k^T, a causal mask, softmax, @ v: flash_attention), which no entry point
+    or module class leads to, is plugged into the graph of the module instance that holds it:
+    the forward captured by TorchDynamo at the model's first forward, the match replaced by the
+    kernel's call (through swap.run, as the SDPA handler calls it), the rewritten forward used
+    once a first call agrees with the module's own (autokernel/swap_graph.py; GRAPH_RULES
+    there, one entry per type). Eager and inside torch.compile.
   * Region kernels (a ModelNew for a piece of the model's own code) replace the forward of each
     module instance the plan names, on the instance's own parameters, once a first call agrees
     with the module's own forward (autokernel/swap_regions.py); eager swaps only, for now.
@@ -51,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 import autokernel
-from autokernel import swap_hf, swap_modules, swap_regions, swap_torch
+from autokernel import swap_graph, swap_hf, swap_modules, swap_regions, swap_torch
 from autokernel.kernel_call import Kernel, KernelOp, contract_shape
 from autokernel.patching import FALLBACK, applying, known_to_the_compiler, patched
 from autokernel.weight_cache import WeightCache
@@ -176,16 +183,21 @@ class Swap:
         if self.compiled and self.active("matmul"):
             from autokernel import fusion  # imports inductor: only for a compiled swap
             fusions = fusion.installed()
-        with applying(patches), fusions:
+        # Last, on the model's first forward: computations it writes out as torch ops that a
+        # type's kernel takes, plugged into its graph (autokernel/swap_graph.py).
+        with applying(patches) as applied, fusions, \
+                swap_graph.installed(self, model, applied, ENTRY_POINTS):
             yield self
 
 
-def pluggable_types(model, forward, types=None):
+def pluggable_types(model, forward, types=None, reasons=None):
     """The kernel types a swap plugs a kernel into in this model, by one forward(model) with
     each of `types` (default: all) swapped for its eager reference: a computation the profiler
-    recognized but no swap rule reaches (attention written out as matmul-softmax-matmul, say)
-    is absent. The answer depends on the set: a type can take a call site from another (with
-    qkv_rotary in, a LLaMA attention layer's rotation is no longer rotary_embedding's)."""
+    recognized but neither a swap rule nor the graph swap reaches (attention written out with a
+    mask the forward's caller passes, say) is absent; reasons, a dict, gets each absent type's
+    fallback reasons. The answer depends on the set: a type can take a call site from another
+    (with qkv_rotary in, a LLaMA attention layer's rotation is no longer rotary_embedding's;
+    with flash_attention in, a written-out attention's softmax is no longer softmax's)."""
     from autokernel import reference
     types = [t for t in autokernel.KERNEL_TYPE_NAMES if types is None or t in types]
     stand_ins = [Kernel(t, t, Path(reference.__file__), getattr(reference, f"{t}_eager"))
@@ -193,7 +205,11 @@ def pluggable_types(model, forward, types=None):
     swap = Swap(stand_ins, weight_layout="view")
     with torch.no_grad(), swap.installed(model):  # (inference_mode would make any state the
         forward(model)                            # model builds lazily inference tensors)
-    return {t for t in types if swap.calls[t]}
+    plugged = {t for t in types if swap.calls[t]}
+    if reasons is not None:
+        reasons.update({t: list(swap.fallbacks[t]) for t in types
+                        if t not in plugged and swap.fallbacks[t]})
+    return plugged
 
 
 @dataclass(frozen=True)
@@ -240,3 +256,6 @@ SWAP_RULES = {
                                             swap_torch.sdpa}),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)
+# Every torch entry point a rule patches: a graph swap's rewritten forward looks them up when it
+# runs, so the rules see those calls there too.
+ENTRY_POINTS = [key for rule in SWAP_RULES.values() for key in rule.functions]

@@ -98,8 +98,9 @@ def sdpa(swap, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
         reason = "head counts differ"
     if reason:
         return swap.fallback("flash_attention", reason)
-    return swap.run("flash_attention", Q=_heads(query), K=_heads(key), V=_heads(value),
-                    causal=bool(is_causal), scale=None if scale is None else float(scale))
+    return swap.run("flash_attention", Q=attention_heads(query), K=attention_heads(key),
+                    V=attention_heads(value), causal=bool(is_causal),
+                    scale=None if scale is None else float(scale))
 
 
 def decode_sdpa(swap, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -148,7 +149,7 @@ def decode_sdpa(swap, query, key, value, attn_mask, dropout_p, is_causal, scale,
                     scale=None if scale is None else float(scale))
 
 
-def _heads(t):
+def attention_heads(t):
     """t [B,H,S,D] as the contract takes it: contiguous, or rows of positions seen through
     .transpose(1, 2), each row R >= H*D elements wide (a projection's [B,S,H,D] output, R = H*D,
     or one head slice of a fused q/k/v projection's), passed without a copy; any other layout

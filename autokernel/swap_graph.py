@@ -1,0 +1,574 @@
+"""
+Kernels plugged into computations a model writes out as torch ops: attention spelled q @ k^T, a
+mask, softmax, @ v, which no torch entry point (F.scaled_dot_product_attention) and no module
+class leads to. The profile recognizes them by what they compute (autokernel/patterns.py on a
+graph TorchDynamo captured); this swap uses the same recognizer to put the type's kernel there.
+
+How, inside `swap.installed(model)` while a type of GRAPH_RULES is active:
+  * Discovery: at the model's first forward (per input signature, while the first found any)
+    its forward is captured once with every patch of the swap taken out (the model's own code)
+    and matched by the patterns. Each match of a GRAPH_RULES type belongs to the innermost module
+    instance all its nodes ran in; that instance's forward is replaced for the length of the
+    block (an instance inside another one that has a match of its own is covered by the outer
+    one's graph).
+  * Capture: the instance's first call with given inputs (their shapes, strides, dtypes, the
+    other arguments' values, train or eval) captures its forward as ONE graph (a graph break is
+    a fallback), the patches again taken out. Each graph input is read at every call from where
+    Dynamo found it (an argument, a parameter or buffer of the module, by its path), so the
+    instance's current tensors are the ones used.
+  * Rewrite: each match's output is replaced by one call of the rule's function on the match's
+    operands (flash_attention: q, k and v as the pattern recorded them, k and v before a
+    grouped-query repeat, causal from the match's variant, the scale the scores are multiplied
+    by); the rest of the match is dead code and goes. That function calls swap.run, as the SDPA
+    rule's handler does: calls counted, the kernel's output checked, its custom op inside
+    torch.compile. Calls of the torch entry points other rules patch (F.linear, ...) look the
+    entry point up at call time, so those rules still see them.
+  * Check: the first call of each input signature runs the module's own forward and the
+    rewritten one on the same inputs (the calls of the former not counted) and compares them at
+    the dtype's tolerance (swap_regions.disagreement). On disagreement, or any failure to
+    capture or rewrite, the instance keeps its own forward for that signature and the reason is
+    the type's fallback ("at attn: ..."); a kernel that raises is a KernelFailure, as anywhere.
+    Inputs of another signature are captured and checked anew (at most MAX_SIGNATURES per
+    instance, then its own forward): a graph is never run on inputs it was not captured for.
+
+Not plugged, with the reason: a match the kernel cannot take (cross attention, a mask that is
+not causal: the pattern's note); a mask computed from the forward's arguments (an attention
+mask a caller passes may change its values from call to call, the graph would not see it; a
+mask from the module's buffers or built in the forward is the constant it was at capture); a
+forward that changes a module attribute (the graph would not redo it) or writes an argument or a
+module's tensor in place (the first call's comparison would do it twice); an argument of another
+kind than tensors and plain values (a KV-cache object); an instance one of whose submodules
+another rule swaps at module level (the graph would run that submodule's own code instead of its
+kernel); a computation whose inner values the instance's forward reads elsewhere (attention
+probabilities it returns). A region kernel planned for the instance or a
+submodule of it gives way: the region is only part of that forward, and the graph replaces it.
+
+Inside torch.compile (a compiled swap: verify.py runs the model once eagerly inside the swap,
+which checks each instance, then compiles it): Dynamo traces the replaced forward, finds the
+checked graph for the inputs' signature and inlines it, the kernel call one custom op; a
+signature never checked eagerly runs the module's own forward. The model's captured graphs are
+kept per model and instance (weakly) across swaps: a second swap of the same model only
+rewrites and checks.
+"""
+import ast
+import contextlib
+import copy
+import types
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.fx import Graph, GraphModule
+from torch.utils import _pytree as pytree
+
+from autokernel.cli import describe
+from autokernel.fx_vocabulary import VIEWS, mutates, through
+from autokernel.graph_capture import dynamo_quiet
+from autokernel.kernel_call import FLOAT_DTYPES, KernelFailure
+from autokernel.matches import find_matches
+from autokernel.patching import applying, capturing, suspended
+from autokernel.patterns import PATTERNS
+from autokernel.regions import module_path
+from autokernel.swap_regions import disagreement
+from autokernel.swap_torch import attention_heads
+
+MAX_SIGNATURES = 4  # input signatures captured per model or instance; beyond: its own forward
+
+
+@dataclass(frozen=True)
+class GraphRule:
+    """How a kernel type's kernel replaces a match of its pattern. plan(match, inputs) says,
+    from the captured graph alone, what the call takes: a Plug's operands (names of the match's
+    nodes the call reads) and params, or why no kernel can (inputs: the graph's nodes whose value
+    comes from the forward's arguments). call(swap, params) is the function the rewritten graph
+    calls with the operands."""
+    plan: object
+    call: object
+
+
+@dataclass
+class Plug:
+    ktype: str
+    output: str         # the match's output node, whose readers read the call instead
+    operands: tuple     # node names, the call's arguments in order
+    params: dict        # the rule's constants for the call
+    nodes: tuple        # the match's nodes, dead once the call replaces them
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules: one entry per kernel type that a graph swap plugs in
+# ---------------------------------------------------------------------------------------------
+
+def _attention_plan(m, inputs):
+    """flash_attention for attention written out (patterns.attention's match)."""
+    if m.shape is None:
+        return m.note or "outside the kernel's contract"
+    o = m.operands
+    q, k, v, mask = o.get("q"), o.get("k"), o.get("v"), o.get("mask")
+    if k is None or v is None:
+        return "keys and values repeated for grouped-query heads in different ways"
+    if mask is not None and _reads(mask, inputs):
+        return ("its mask is computed from the forward's arguments: the mask's values may "
+                "differ from call to call, the kernel's causal flag would not")
+    qv, kv, vv, out = (n.meta.get("example_value") for n in (q, k, v, m.output))
+    if not all(isinstance(t, torch.Tensor) for t in (qv, kv, vv, out)):
+        return "q, k, v or the output without an example value"
+    if qv.dtype not in FLOAT_DTYPES or kv.dtype != qv.dtype or vv.dtype != qv.dtype:
+        return f"q, k, v in {qv.dtype}, {kv.dtype}, {vv.dtype}: outside the contract"
+    if qv.dim() == 3:  # batched heads, [B*H, S, D]: the kernel's [B, H, S, D] with H = 1
+        ok = qv.shape == kv.shape == vv.shape
+    else:
+        ok = qv.dim() == 4 and kv.shape == vv.shape and kv.shape[0] == qv.shape[0] \
+            and kv.shape[2:] == qv.shape[2:] and qv.shape[1] % kv.shape[1] == 0
+    if not ok or out.shape != qv.shape:
+        return "q, k, v shapes outside the contract"
+    return Plug("flash_attention", m.output.name, (q.name, k.name, v.name),
+                {"causal": m.variant.get("causal", True), "scale": float(o["scale"]),
+                 "dtype": out.dtype, "batched": qv.dim() == 3},
+                tuple(n.name for n in m.nodes))
+
+
+def _attention_call(swap, params):
+    causal, scale, dtype, batched = (params[k] for k in ("causal", "scale", "dtype", "batched"))
+
+    def flash_attention(q, k, v):
+        if batched:
+            q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        busy, swap.busy = swap.busy, True  # the glue's torch calls pass the swap's patches by
+        try:
+            out = swap.run("flash_attention", Q=attention_heads(q), K=attention_heads(k),
+                           V=attention_heads(v), causal=causal, scale=scale)
+        finally:
+            swap.busy = busy
+        out = out.squeeze(1) if batched else out
+        return out if out.dtype == dtype else out.to(dtype)
+    return flash_attention
+
+
+# A computation another pattern recognizes (a written-out softmax, a norm, ...) is plugged in by
+# an entry here: its pattern records the match's operands, plan says what the call takes.
+GRAPH_RULES = {"flash_attention": GraphRule(_attention_plan, _attention_call)}
+
+
+def _reads(n, nodes, depth=0):
+    """Whether node n's value depends on any of `nodes`."""
+    return n in nodes or depth < 64 and any(_reads(a, nodes, depth + 1)
+                                            for a in n.all_input_nodes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The swap: discovery at the model's first forward, each instance's forward replaced
+# ---------------------------------------------------------------------------------------------
+
+_DISCOVERED = weakref.WeakKeyDictionary()  # model -> {signature: {path: [(type, note)]}}
+_CAPTURED = weakref.WeakKeyDictionary()    # instance -> {signature: Capture or why not}
+
+
+@contextlib.contextmanager
+def installed(swap, model, applied, entry_points):
+    """The graph swap inside swap.installed: the model's forward wrapped to discover at its
+    first call; applied: the patches of the other rules (patching.applying's list), taken out
+    while a graph is captured; entry_points: the (owner, attribute) pairs rules patch."""
+    ktypes = [t for t in GRAPH_RULES if swap.active(t)]
+    if not ktypes:
+        yield
+        return
+    lists = [applied]  # every patch set, this swap's own too: taken out for a capture
+    done = set()       # instance paths replaced
+    names = dict(model.named_modules())
+    root = {"forward": model.forward}
+
+    def forward(*args, **kwargs):
+        if not capturing():
+            for path, found in _discover(model, args, kwargs, lists).items():
+                if path not in done:
+                    done.add(path)
+                    replace(path, found)
+        return root["forward"](*args, **kwargs)
+
+    def replace(path, found):
+        """found: [(type, why not or "")] for the matches at path (_discover)."""
+        module = names.get(path)
+        mine = [t for t, why in found if t in ktypes and not why]
+        for t, why in found:
+            if t in ktypes and why:
+                swap.fallback(t, f"at {path or 'the model'}: {why}")
+        if module is None or not mine:  # nothing a kernel can take: no capture needed
+            return
+        own = root["forward"] if module is model else module.forward
+        new = instance_forward(swap, module, own, path, mine, lists, entry_points, names)
+        if module is model:
+            root["forward"] = new
+        else:
+            lists.append(stack.enter_context(applying([(module, "forward", new)])))
+
+    with contextlib.ExitStack() as stack:
+        lists.append(stack.enter_context(applying([(model, "forward", forward)])))
+        yield
+
+
+def _discover(model, args, kwargs, lists):
+    """{module path: [(type, note or "")]} for the matches of GRAPH_RULES types in the model's
+    forward on these inputs (cached per model and input signature), by the innermost module
+    their nodes ran in; a match inside an instance that has one a kernel can take is left to
+    that instance's graph. {} when it cannot tell."""
+    summary = _summary((args, kwargs))  # (the root's flag only: this runs at every forward)
+    key = None if summary is None else (summary, model.training)
+    seen = _DISCOVERED.setdefault(model, {})
+    # A model whose first forward writes none of them out is not traced again for each new
+    # shape (a generation's steps): a trace of the whole model costs seconds.
+    if key is None or key in seen or len(seen) >= MAX_SIGNATURES \
+            or (seen and not any(seen.values())):
+        return seen.get(key, {})
+    seen[key] = {}
+    modules = {str(id(m)): name for name, m in model.named_modules()}
+    found = {}
+
+    def backend(gm, example_inputs):
+        for m in find_matches(gm, example_inputs, PATTERNS, type(model).__name__):
+            if m.ktype in GRAPH_RULES and m.modules:
+                k, (source, _) = m.modules[-1]
+                path = modules.get(k, module_path(source))
+                found.setdefault(path, []).append((m.ktype, "" if m.shape else m.note))
+        return gm.forward
+
+    try:
+        with suspended(*lists):
+            _trace(model, args, kwargs, backend, fullgraph=False)
+    except Exception:  # noqa: BLE001  (a model Dynamo cannot run: nothing to plug by graph)
+        return {}
+    # an instance inside another one: the outer one's graph holds it
+    instances = [p for p, f in found.items() if any(not why for _, why in f)]
+    seen[key] = {p: f for p, f in found.items()
+                 if not any(o != p and (o == "" or p.startswith(o + ".")) for o in instances)}
+    return seen[key]
+
+
+def instance_forward(swap, module, original, path, ktypes, lists, entry_points, names):
+    """The instance's forward with the kernels in its graph (module docstring); original: the
+    forward it replaces."""
+    where = path or "the model"
+    plans = {}  # signature -> the rewritten forward, or None: the module's own
+
+    def forward(*args, **kwargs):
+        key = _signature(module, args, kwargs)
+        run = plans.get(key) if key is not None else None
+        if run is not None:
+            return run(args, kwargs)
+        if key is None:
+            key = ("an argument of another kind", _odd_argument((args, kwargs)))
+            if key not in plans and not capturing():
+                plans[key] = None
+                refuse(f"an argument of type {key[1]}: a graph is captured for tensors, "
+                       "numbers, strings and None (and tuples, lists, dicts of them)")
+            return original(*args, **kwargs)
+        if key in plans or capturing():
+            return original(*args, **kwargs)
+        plans[key] = None
+        if len(plans) > MAX_SIGNATURES:
+            return refuse(f"inputs of more than {MAX_SIGNATURES} signatures: the rest run "
+                          "its own forward", args, kwargs)
+        why = _taken(swap, module, path, lists, names)
+        capture = why or _captured(module, key, args, kwargs, lists, entry_points)
+        if isinstance(capture, str):
+            return refuse(capture, args, kwargs)
+        try:
+            run, plugged, left = _rewritten(swap, module, capture, ktypes)
+        except Exception as e:  # noqa: BLE001
+            return refuse(f"its graph could not be rewritten ({describe(e, 160)})", args, kwargs)
+        if run is None:
+            return refuse(plugged, args, kwargs)
+        # Neither the module's own forward, run to compare with, nor a rewritten one that
+        # fails the comparison counts as a call of the kernels in it.
+        counts = _counts(swap)
+        want = original(*args, **kwargs)
+        _restore(swap, counts)
+        try:
+            got = run(args, kwargs)
+        except KernelFailure:
+            raise
+        except Exception as e:  # noqa: BLE001
+            _restore(swap, counts)
+            return refuse(f"the rewritten forward raised {describe(e, 160)}", args, kwargs)
+        why = _disagreement(got, want)
+        if why:
+            _restore(swap, counts)
+            return refuse(f"the forward with {', '.join(plugged)} differs from its own: {why}",
+                          args, kwargs, want)
+        plans[key] = run
+        for t, why in left:  # another match in the same graph, which stays torch
+            swap.fallback(t, f"at {where}: {why}")
+        _regions_give_way(swap, module, path, names, plugged)
+        return got
+
+    def refuse(why, args=None, kwargs=None, out=None):
+        for t in ktypes:
+            swap.fallback(t, f"at {where}: {why}")
+        if args is not None:
+            return original(*args, **kwargs) if out is None else out
+
+    return forward
+
+
+def _taken(swap, module, path, lists, names):
+    """Why not, when another rule replaced the forward of the instance or a submodule of it
+    (a region kernel's excepted: it gives way)."""
+    regions = {id(names.get(p)) for k in swap.regions for p in k.instances}
+    forwards = {id(owner) for a in lists[:1] for owner, attr, _, _ in a if attr == "forward"}
+    for name, sub in module.named_modules():
+        if id(sub) in forwards and id(sub) not in regions:
+            what = f"its submodule {name}'s" if name else "its"
+            return (f"{what} forward is another kernel's swap: the graph would run that "
+                    "module's own code instead of its kernel")
+    return None
+
+
+def _regions_give_way(swap, module, path, names, plugged):
+    inside = {id(m) for m in module.modules()}
+    for k in swap.regions:
+        for p in k.instances:
+            if id(names.get(p)) in inside:
+                swap.fallback(k.name, f"at {p or 'the model'}: inside {path or 'the model'}, "
+                              f"whose forward runs as a graph with {', '.join(plugged)} "
+                              "plugged in: the region is only part of that forward")
+
+
+_COUNTED = ("calls", "folded", "normed", "shapes", "fallbacks", "skipped", "notes")
+
+
+def _counts(swap):
+    return {a: copy.deepcopy(getattr(swap, a)) for a in _COUNTED}
+
+
+def _restore(swap, counts):
+    for a, v in counts.items():
+        setattr(swap, a, copy.deepcopy(v))
+
+
+def _disagreement(got, want):
+    g, g_spec = pytree.tree_flatten(got)
+    w, w_spec = pytree.tree_flatten(want)
+    if g_spec != w_spec:
+        return "its output has another structure"
+    tensors = [(a, b) for a, b in zip(g, w) if isinstance(b, torch.Tensor)]
+    return disagreement([a for a, _ in tensors], [b for _, b in tensors]) if tensors else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture and rewrite
+# ---------------------------------------------------------------------------------------------
+
+OUTPUT = object()  # a Capture's output leaf that the graph computes
+
+
+@dataclass
+class Capture:
+    gm: GraphModule   # the instance's forward as Dynamo captured it: the model's own code
+    sources: list     # per graph input: where to read it, steps from {module, args, kwargs}
+    plugs: list       # [Plug, or (type, why not)] per match of a GRAPH_RULES type
+    entries: dict     # call node name -> (owner, attribute): an entry point rules patch
+    out_spec: object  # the forward's output structure (pytree) ...
+    out_leaves: list  # ... its leaves: OUTPUT where a graph output goes, else the value
+
+
+def _captured(module, key, args, kwargs, lists, entry_points):
+    """The instance's Capture for this signature (cached), or why none."""
+    cache = _CAPTURED.setdefault(module, {})
+    if key not in cache:
+        try:
+            with suspended(*lists):
+                cache[key] = _capture(module, args, kwargs, entry_points)
+        except Exception as e:  # noqa: BLE001
+            cache[key] = f"its forward could not be captured ({describe(e, 160)})"
+    return cache[key]
+
+
+def _capture(module, args, kwargs, entry_points):
+    graphs = []
+
+    def backend(gm, example_inputs):  # Dynamo drops the inputs' sources once it is done
+        sources = [_steps(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        graphs.append((gm, list(example_inputs), sources))
+        return gm.forward
+
+    before = _attributes(module)
+    try:
+        result = _trace(module, args, kwargs, backend, fullgraph=True)
+    except Exception as e:  # noqa: BLE001
+        return f"its forward does not trace as one graph ({describe(e, 160)})"
+    if _attributes(module) != before:
+        return "its forward sets module attributes, which a graph would not"
+    gm, example, sources = graphs[-1]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if None in sources:
+        n = placeholders[sources.index(None)]
+        return f"its graph reads {n.name}, which is neither an argument nor the module's"
+    if any(mutates(n) and through(n.args[0], VIEWS)[0].op == "placeholder"
+           for n in gm.graph.nodes if n.args and isinstance(n.args[0], torch.fx.Node)):
+        # the graph would redo it, but the first call's comparison runs the forward twice
+        return "its forward writes an argument or a module's tensor in place"
+    inputs = {n for n, s in zip(placeholders, sources) if s[0][1] != "module"}
+    plugs = []
+    for m in find_matches(gm, example, PATTERNS, type(module).__name__):
+        if m.ktype in GRAPH_RULES:
+            plan = GRAPH_RULES[m.ktype].plan(m, inputs)
+            plugs.append((m.ktype, plan) if isinstance(plan, str) else plan)
+    originals = {id(getattr(owner, attr)): (owner, attr) for owner, attr in entry_points}
+    entries = {n.name: originals[id(n.target)] for n in gm.graph.nodes
+               if n.op == "call_function" and id(n.target) in originals}
+    leaves, spec = pytree.tree_flatten(result)
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if sum(isinstance(v, torch.Tensor) for v in leaves) != len(outputs):
+        return "its outputs are not the graph's (an input or one tensor twice returned)"
+    return Capture(gm, sources, plugs, entries, spec,
+                   [OUTPUT if isinstance(v, torch.Tensor) else v for v in leaves])
+
+
+def _rewritten(swap, module, capture, ktypes):
+    """(the instance's forward with the kernels in its graph, [types plugged], [(type, why)]
+    for the matches left as they are) or (None, why not, [])."""
+    plugs = [p for p in capture.plugs if (p.ktype if isinstance(p, Plug) else p[0]) in ktypes]
+    left = [p for p in plugs if not isinstance(p, Plug)]
+    plugs = [p for p in plugs if isinstance(p, Plug)]
+    if not plugs:
+        return None, "; ".join(dict.fromkeys(why for _, why in left)) or \
+            ("in its own graph the computation is no block a kernel can replace: a value inside "
+             "it is read elsewhere (attention probabilities it returns, say)"), []
+    graph, env = Graph(), {}
+    graph.output(graph.graph_copy(capture.gm.graph, env))
+    node = {n.name: env[n] for n in capture.gm.graph.nodes if n in env}
+    erased = set()
+    for p in plugs:
+        out = node[p.output]
+        with graph.inserting_before(out):
+            call = graph.call_function(GRAPH_RULES[p.ktype].call(swap, p.params),
+                                       tuple(node[a] for a in p.operands))
+        out.replace_all_uses_with(call)
+        # the match's nodes, read by nothing now (dropout's among them, which dead-code
+        # elimination may keep as impure)
+        rest = [a for a in p.nodes if a not in p.operands]
+        while unread := [a for a in rest if a not in erased and not node[a].users]:
+            for a in unread:
+                graph.erase_node(node[a])
+                erased.add(a)
+    for name, (owner, attr) in capture.entries.items():
+        if name not in erased:
+            node[name].target = _looked_up(owner, attr)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm = GraphModule(capture.gm, graph)
+    sources, spec, leaves = capture.sources, capture.out_spec, capture.out_leaves
+
+    def run(args, kwargs):
+        scope = {"module": module, "args": args, "kwargs": kwargs}
+        outs = iter(gm(*[_read(steps, scope) for steps in sources]))
+        return pytree.tree_unflatten([next(outs) if v is OUTPUT else v for v in leaves], spec)
+    return run, sorted({p.ktype for p in plugs}), left
+
+
+def _looked_up(owner, attr):
+    """A call of owner.attr found when it runs: the patch a rule put there, if any."""
+    def call(*args, **kwargs):
+        return getattr(owner, attr)(*args, **kwargs)
+    call.__name__ = attr
+    return call
+
+
+def _trace(module, args, kwargs, backend, fullgraph):
+    """module(*args, **kwargs) under Dynamo with `backend`. Each trace gets a code object of its
+    own: Dynamo's caches are per code object, and a shared one would fill up after a few
+    instances (Dynamo then stops tracing it)."""
+    entry = types.FunctionType(_enter.__code__.replace(), _enter.__globals__, "graph_swap")
+    with dynamo_quiet(), _no_function_modes():
+        return torch.compile(entry, backend=backend, fullgraph=fullgraph,
+                             dynamic=False)(module, args, kwargs)
+
+
+@contextlib.contextmanager
+def _no_function_modes():
+    """The torch function modes around the forward (verify's recorder of the loss's input, say)
+    off while it is traced: Dynamo would trace their handlers too, which can split the graph at
+    every torch call; the graph is the model's computation, which runs under them again."""
+    modes = []
+    while torch._C._len_torch_function_stack() > 0:
+        modes.append(torch._C._pop_torch_function_stack())
+    try:
+        yield
+    finally:
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def _enter(module, args, kwargs):
+    return module(*args, **kwargs)
+
+
+def _steps(placeholder):
+    """Where a graph input comes from, as steps from _enter's arguments: Dynamo's source name
+    ("L['module']._modules['attn']._parameters['weight']", "L['args'][0]") read as
+    [("item", "module"), ("attr", "_modules"), ("item", "attn"), ...]; None if it is not
+    such a chain (a global, a computed value)."""
+    source = getattr(placeholder.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    try:
+        node = ast.parse(name, mode="eval").body
+    except (SyntaxError, TypeError, ValueError):
+        return None
+    steps = []
+    while not (isinstance(node, ast.Name) and node.id == "L"):
+        if isinstance(node, ast.Attribute):
+            steps.append(("attr", node.attr))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            steps.append(("item", node.slice.value))
+        else:
+            return None
+        node = node.value
+    steps.reverse()
+    return steps if steps and steps[0] in (("item", "module"), ("item", "args"),
+                                           ("item", "kwargs")) else None
+
+
+def _read(steps, value):
+    for kind, key in steps:
+        value = getattr(value, key) if kind == "attr" else value[key]
+    return value
+
+
+def _signature(module, args, kwargs):
+    """What a captured graph was specialized to, hashable: each tensor argument's shape,
+    strides, dtype and device, the other arguments' values, the modules' train/eval flags;
+    None for an argument of another kind (the module's own forward then)."""
+    leaves = _summary((args, kwargs))
+    if leaves is None:
+        return None
+    return leaves, tuple(m.training for m in module.modules())
+
+
+def _summary(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return (type(v).__name__, v)
+    if isinstance(v, (tuple, list)):
+        items = tuple(_summary(x) for x in v)
+        return None if None in items else (type(v).__name__, items)
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        items = tuple((k, _summary(x)) for k, x in v.items())
+        return None if any(s is None for _, s in items) else ("dict", items)
+    return None
+
+
+def _odd_argument(v):
+    """The type name of the first argument _summary cannot summarize."""
+    if isinstance(v, (tuple, list)):
+        return next((t for t in map(_odd_argument, v) if t), None)
+    if isinstance(v, dict):
+        return next((t for t in map(_odd_argument, v.values()) if t), None)
+    return None if _summary(v) is not None else type(v).__name__
+
+
+def _attributes(module):
+    """The modules' attributes by identity (tensors in _parameters/_buffers are not here)."""
+    return [(id(m), {k: id(v) for k, v in vars(m).items() if k != "forward"})
+            for m in module.modules()]
