@@ -112,6 +112,80 @@ def layout_check(launcher, inputs):
             "the kernel was written for {layout}')"]
 
 
+# ---- norms: a GroupNorm (an InstanceNorm) heads a fused kernel of its own -------------------
+
+def norm_head(n):
+    """A GroupNorm, or an InstanceNorm of its input's statistics (a GroupNorm of one channel a
+    group): statistics over a group of channels, so one program a group."""
+    return op(n) == "group_norm" or op(n) == "instance_norm" and \
+        arg(n, 5, "use_input_stats", True)
+
+
+def norm_groups(n):
+    """(groups per sample, eps) of a norm head."""
+    if op(n) == "group_norm":
+        return arg(n, 1, "num_groups"), arg(n, 4, "eps", 1e-5)
+    return meta(n)[0][1], arg(n, 7, "eps", 1e-5)
+
+
+def normed_kernel(kname, params, norm, names, shape, order, ops, loads, body, stores):
+    """A norm's fused kernel: one program a (sample, group), whose channels are one contiguous
+    run of memory in (N, C, ...) (in channels_last: a run of them a pixel, a strided walk for
+    an InstanceNorm's single channel). Its mean and variance first, with the calls of the group
+    that make the norm's input computed on the way (that input never goes through memory: it
+    stays fp32, and no kernel writes and reads it back); sums of the values less the group's
+    first one, so an offset of the data costs no precision. Then the normalization and every
+    call of the group, a block at a time (loads, body: each input's and call's line; stores)."""
+    x = arg(norm, 0, "input")
+    x_strides = meta(x)[1]
+    rank, walked = len(shape), permuted(shape, order)
+    if rank < 2 or not same_layout(walked, permuted(x_strides, order), contiguous(walked)) \
+            or order not in (tuple(range(rank)), (0, *range(2, rank), 1)):
+        raise StarterError(f"{op(norm)} of a {rank}-d input laid out as {x_strides}")
+    groups, eps = norm_groups(norm)
+    size, width = math.prod(shape) // (shape[0] * groups), shape[1] // groups
+    big = math.prod(shape) >= 2 ** 31
+    pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+    if order[1] == 1:  # (N, C, ...): the group is one run of memory
+        base, offs = f"{pid} * {size}", "base + start + lanes"
+    else:  # channels_last: the group's channels are a run of each pixel's C
+        base = f"({pid} // {groups}) * {math.prod(shape[1:])} + ({pid} % {groups}) * {width}"
+        offs = f"base + ((start + lanes) // {width}) * {shape[1]} + (start + lanes) % " \
+            f"{width}" if width > 1 else f"base + (start + lanes) * {shape[1]}"
+    prologue, todo = [], [x]  # the group's calls the norm's input is made of, and their loads
+    while todo:
+        m = todo.pop()
+        if m not in prologue:
+            prologue.append(m)
+            todo += m.all_input_nodes if m in body else []
+    first = [line for m, line in {**loads, **body}.items() if m in prologue]
+    return "\n".join([
+        "@triton.jit",
+        f"def {kname}({', '.join(params)}, BLOCK: tl.constexpr):",
+        f'    """{ops} over {tuple(shape)}: one program a group of {width} '
+        f'channels ({size} values): statistics, then one pass."""',
+        f"    base = {base}",
+        "    lanes = tl.arange(0, BLOCK)",
+        "    offs = base + lanes * 0  # the group's first value, in every lane",
+        "    mask = lanes >= 0", *first,
+        f"    shift = tl.sum(tl.where(lanes == 0, {names[x]}, 0.0), axis=0)",
+        "    s1 = tl.zeros([BLOCK], tl.float32)",
+        "    s2 = tl.zeros([BLOCK], tl.float32)",
+        f"    for start in range(0, {size}, BLOCK):",
+        f"        mask = start + lanes < {size}",
+        f"        offs = {offs}", *("    " + line for line in first),
+        f"        d = tl.where(mask, {names[x]} - shift, 0.0)",
+        "        s1 += d",
+        "        s2 += d * d",
+        f"    mean_d = tl.sum(s1, axis=0) / {size}",
+        f"    rstd = tl.rsqrt(tl.sum(s2, axis=0) / {size} - mean_d * mean_d + {eps})",
+        "    mean = shift + mean_d",
+        f"    for start in range(0, {size}, BLOCK):",
+        f"        mask = start + lanes < {size}",
+        f"        offs = {offs}",
+        *("    " + line for line in [*loads.values(), *body.values(), *stores]), ""])
+
+
 # The copy of a 4-d input (or parameter) into the layout the region was traced in: its
 # kernels' index math has the traced strides as constants, and a block's output may come in
 # the other layout (a channels_last region's output into a region traced NCHW, or the reverse),

@@ -45,7 +45,8 @@ from autokernel.contract import load_module
 from autokernel.fx_vocabulary import arg, op
 from autokernel.region_special import (NHWC_INIT, RELAYOUT, SPECIAL, TO_LAYOUT,
                                        StarterError, allocation, contiguous, dense, index_expr,
-                                       layout_check, memory_order, meta, permuted, same_layout)
+                                       layout_check, memory_order, meta, norm_groups,
+                                       norm_head, normed_kernel, permuted, same_layout)
 
 LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm"}
@@ -234,9 +235,11 @@ def groups_of(graph):
         chosen = []
         for a in n.all_input_nodes:
             g = group_of.get(a)
-            if g is None or g in chosen or meta(groups[g][0])[0] != shape or \
-                    _norm_head(n) or (chosen and _normed(groups[g])) or \
-                    any(_normed(groups[h]) for h in chosen):
+            if g is None or g in chosen or meta(groups[g][0])[0] != shape:
+                continue
+            if norm_head(n) and (a is not arg(n, 0, "input") or _normed(groups[g])):
+                continue  # a norm joins the group that makes its input (its prologue) alone
+            if (chosen and _normed(groups[g])) or any(_normed(groups[h]) for h in chosen):
                 continue
             if _convex({n, *(m for h in chosen + [g] for m in groups[h])}, groups, group_of):
                 chosen.append(g)
@@ -255,24 +258,11 @@ def groups_of(graph):
     return [sorted(g, key=order.get) for g in groups if g]
 
 
-def _norm_head(n):
-    """A GroupNorm, or an InstanceNorm of its input's statistics (a GroupNorm of one channel a
-    group): statistics over a group of channels first, so the head of a group of its own."""
-    return op(n) == "group_norm" or op(n) == "instance_norm" and \
-        arg(n, 5, "use_input_stats", True)
-
-
-def _norm_groups(n):
-    """(groups per sample, eps) of a norm head."""
-    if op(n) == "group_norm":
-        return arg(n, 1, "num_groups"), arg(n, 4, "eps", 1e-5)
-    return meta(n)[0][1], arg(n, 7, "eps", 1e-5)
-
-
 def _normed(nodes):
-    """A group headed by a norm: one program a group of channels, two passes (its kernel is
-    written for that head alone, so such a group only takes calls after it)."""
-    return bool(nodes) and _norm_head(nodes[0])
+    """A group with a norm: one program a group of channels, its statistics pass first (the
+    calls that make the norm's input computed in it too), then the rest in one pass; one norm
+    a group."""
+    return any(norm_head(n) for n in nodes)
 
 
 def _convex(members, groups, group_of):
@@ -326,26 +316,27 @@ def group_code(index, nodes, outside):
     walked = permuted(shape, order)
     names = {a: f"v{i}" for i, a in enumerate(inputs)}
     ops = ", ".join(op(n) for n in nodes)
-    body, loads = [], []
+    body, loads = {}, {}
     for i, a in enumerate(inputs):
         a_shape, a_strides = meta(a)
         strides = _broadcast_strides(a_shape, a_strides, shape, _channel_dim(a, nodes))
         value = f"tl.load(in{i} + {index_expr(walked, permuted(strides, order))}, mask=mask)"
         kind = a.meta["tensor_meta"].dtype
-        loads.append(f"    v{i} = {value} != 0" if kind == torch.bool else
-                     f"    v{i} = {value}.to(tl.float32)")
+        loads[a] = f"    v{i} = {value} != 0" if kind == torch.bool else \
+            f"    v{i} = {value}.to(tl.float32)"
     for j, n in enumerate(nodes):
         names[n] = f"t{j}"
-        body.append(f"    t{j} = {ELEMENTWISE[op(n)](_Args(n, names))}  # {op(n)}")
+        body[n] = f"    t{j} = {ELEMENTWISE[op(n)](_Args(n, names))}  # {op(n)}"
     stores = [f"    tl.store(out{k} + {_at(walked, permuted(st, order))}, {names[n]}, mask=mask)"
               for k, (n, st) in enumerate(zip(outputs, written))]
     kname, params = f"_fused_{index}", [f"in{i}" for i in range(len(inputs))] + \
         [f"out{k}" for k in range(len(outputs))]
     if _normed(nodes):
-        kernel = _normed_kernel(kname, params, nodes[0], inputs, shape, order, ops,
-                                loads + body + stores)
+        norm = next(n for n in nodes if norm_head(n))
+        kernel = normed_kernel(kname, params, norm, names, shape, order, ops, loads, body,
+                               stores)
         launcher = _launcher(index, kname, inputs, outputs, written, shape, ops,
-                             grid=shape[0] * _norm_groups(nodes[0])[0])
+                             grid=shape[0] * norm_groups(norm)[0])
         return kernel, launcher, inputs, outputs
     total = math.prod(shape)
     offs = "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
@@ -357,7 +348,7 @@ def group_code(index, nodes, outside):
         f'    """{ops} over {tuple(shape)}: one pass over memory."""',
         f"    offs = {offs}",
         f"    mask = offs < {total}",
-        *loads, *body, *stores, ""])
+        *loads.values(), *body.values(), *stores, ""])
     launcher = _launcher(index, kname, inputs, outputs, written, shape, ops)
     return kernel, launcher, inputs, outputs
 
@@ -374,55 +365,6 @@ def _at(walked, strides):
     memory order."""
     return "offs" if same_layout(walked, strides, contiguous(walked)) else \
         index_expr(walked, strides)
-
-
-def _normed_kernel(kname, params, norm, inputs, shape, order, ops, per_block):
-    """A GroupNorm's (an InstanceNorm's) kernel: one program a (sample, group), whose channels
-    are one contiguous run of memory in (N, C, ...) (in channels_last: a run of them a pixel,
-    a strided walk for an InstanceNorm's single channel): its mean and variance first (sums of
-    the values less the group's first one, so an offset of the data costs no precision), then
-    the normalization and the calls after it (per_block: their lines), a block at a time."""
-    x = arg(norm, 0, "input")
-    x_strides = meta(x)[1]
-    rank, walked = len(shape), permuted(shape, order)
-    if rank < 2 or not same_layout(walked, permuted(x_strides, order), contiguous(walked)) \
-            or order not in (tuple(range(rank)), (0, *range(2, rank), 1)):
-        raise StarterError(f"{op(norm)} of a {rank}-d input laid out as {x_strides}")
-    groups, eps = _norm_groups(norm)
-    size, width = math.prod(shape) // (shape[0] * groups), shape[1] // groups
-    xi = f"in{inputs.index(x)}"
-    big = math.prod(shape) >= 2 ** 31
-    pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
-    if order[1] == 1:  # (N, C, ...): the group is one run of memory
-        base, at, offs = f"{pid} * {size}", "base + start + lanes", []
-    else:  # channels_last: the group's channels are a run of each pixel's C
-        base = f"({pid} // {groups}) * {math.prod(shape[1:])} + ({pid} % {groups}) * {width}"
-        at, offs = "offs", [f"        offs = base + ((start + lanes) // {width}) * "
-                            f"{shape[1]} + (start + lanes) % {width}" if width > 1 else
-                            f"        offs = base + (start + lanes) * {shape[1]}"]
-    return "\n".join([
-        "@triton.jit",
-        f"def {kname}({', '.join(params)}, BLOCK: tl.constexpr):",
-        f'    """{ops} over {tuple(shape)}: one program a group of {width} '
-        f'channels ({size} values): statistics, then one pass."""',
-        f"    base = {base}",
-        "    lanes = tl.arange(0, BLOCK)",
-        f"    shift = tl.load({xi} + base).to(tl.float32)",
-        "    s1 = tl.zeros([BLOCK], tl.float32)",
-        "    s2 = tl.zeros([BLOCK], tl.float32)",
-        f"    for start in range(0, {size}, BLOCK):",
-        f"        mask = start + lanes < {size}", *offs,
-        f"        d = tl.load({xi} + {at}, mask=mask, other=0.0).to(tl.float32)",
-        "        d = tl.where(mask, d - shift, 0.0)",
-        "        s1 += d",
-        "        s2 += d * d",
-        f"    mean_d = tl.sum(s1, axis=0) / {size}",
-        f"    rstd = tl.rsqrt(tl.sum(s2, axis=0) / {size} - mean_d * mean_d + {eps})",
-        "    mean = shift + mean_d",
-        f"    for start in range(0, {size}, BLOCK):",
-        *(offs or ["        offs = base + start + lanes"]),
-        f"        mask = start + lanes < {size}",
-        *("    " + line for line in per_block), ""])
 
 
 def _channel_dim(a, nodes):
