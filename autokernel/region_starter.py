@@ -32,6 +32,8 @@ ModelNew: the reference's __init__ (the same draws, so the same parameters under
 seed) and a forward that makes the library calls, views and launches in a valid order.
 """
 import ast
+import contextlib
+import io
 import math
 import operator
 import re
@@ -485,6 +487,8 @@ def _starter_source(problem_path, header):
         if getattr(value, "_region_launcher", None):
             forward = re.sub(rf"\b{re.escape(name)}\b", value._region_launcher, forward)
     forward = re.sub(r";  [\w, =]* = None$", "", forward, flags=re.M)  # FX's frees
+    forward = re.sub(r"\btorch\._C\._nn\.(?=linear\()", "torch.nn.functional.",
+                     forward)  # (F.linear's own name: a path into torch's internals)
     forward = "\n".join("    " + line if line.strip() else "" for line in
                         forward.strip("\n").splitlines())
     init = _init_source(problem_path, nhwc)
@@ -507,7 +511,7 @@ def _traced(module):
     inputs = module.get_inputs()
     try:
         gm = symbolic_trace(model)
-        ShapeProp(gm).propagate(*inputs)
+        _propagate(gm, inputs)
     except Exception as e:  # noqa: BLE001  (any trace failure: no generated starter)
         raise StarterError(f"the reference does not trace ({type(e).__name__}: {e})") from None
     if not any(_conv2d(gm, n) for n in gm.graph.nodes):
@@ -515,9 +519,8 @@ def _traced(module):
     nchw = {n: n.meta.get("tensor_meta") for n in gm.graph.nodes}
     try:  # (a 5-d parameter, say, has no channels_last: NCHW then)
         gm.to(memory_format=torch.channels_last)
-        ShapeProp(gm).propagate(*[x.contiguous(memory_format=torch.channels_last)
-                                  if isinstance(x, torch.Tensor) and x.dim() == 4 else x
-                                  for x in inputs])
+        _propagate(gm, [x.contiguous(memory_format=torch.channels_last)
+                        if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs])
         if _nhwc_fits(gm, nchw):
             return gm, True
     except Exception:  # noqa: BLE001, S110  (NCHW then)
@@ -525,6 +528,13 @@ def _traced(module):
     for n, tm in nchw.items():
         n.meta["tensor_meta"] = tm
     return gm, False
+
+
+def _propagate(gm, inputs):
+    """ShapeProp's shapes and strides on the graph, its printed traceback of a failing call
+    kept off the terminal (the failure is an exception here: a StarterError, or NCHW)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        ShapeProp(gm).propagate(*inputs)
 
 
 def _conv2d(gm, n):

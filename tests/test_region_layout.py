@@ -319,3 +319,24 @@ def test_the_calls_before_a_group_norm_are_computed_in_its_statistics_pass(tmp_p
             got = mine.half()(x.half()).double()
             theirs = model.half()(x.half()).double()
         assert (got - want).abs().max() <= (theirs - want).abs().max() + 1e-3
+
+
+def test_a_view_channels_last_cannot_take_falls_back_to_nchw_quietly(tmp_path, capsys):
+    """LeNet-5's x.view(-1, 400) of an NHWC activation raises in the channels_last trace: the
+    region is traced NCHW, and ShapeProp's printed traceback stays off the terminal (extract.py
+    prints one line a region); F.linear is written by its public name (the source check refuses
+    torch._C's)."""
+    text = agrees(tmp_path, """
+        self.w = nn.Parameter(torch.randn((4, 3, 3, 3)) * 0.2)
+        self.fc = nn.Parameter(torch.randn((5, 64)) * 0.1)
+
+    def forward(self, in0):
+        x = F.max_pool2d(torch.relu(torch.conv2d(in0, self.w, None, 1, 1)), 2)
+        return F.linear(x.view(-1, 64), self.fc)
+
+
+def get_inputs():
+    return [torch.randn((2, 3, 8, 8))]
+""")
+    assert "to_contiguous(in0)" in text and "to_channels_last" not in text
+    assert "Traceback" not in capsys.readouterr().err
