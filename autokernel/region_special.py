@@ -1,7 +1,8 @@
 """
 The layouts a region starter's kernels are written for (autokernel/region_starter.py), and the
-calls with a kernel of their own: a pooling window, a cat, and the copy of an input into the
-traced layout.
+kernels written whole rather than as a run of elementwise lines: a norm's (GroupNorm,
+InstanceNorm: statistics over a group of channels, then the fused calls), a pooling window, a
+cat, and the copy of an input into the traced layout.
 
 Every kernel's index math has the traced shapes and strides as constants (ShapeProp's, on the
 reference). A region with a 2-d convolution is traced in channels_last (NHWC: where cuDNN's
