@@ -654,16 +654,16 @@ def mlp_gemm(a, w1, w2=None, residual=None, config=None, tma=None, hopper=None):
 
 
 SKINNY_MAX_M = 16  # rows of a generation step (the batch) or fewer: split-K
+SKINNY_LAUNCH = dict(num_warps=4, num_stages=3)  # the slices' kernel
 
 
 @functools.lru_cache(maxsize=None)
-def skinny_config(N, K, sms):
+def skinny_config(N, K, sms, block_n=64, block_k=128, per_sm=4):
     """(BLOCK_N, BLOCK_K, K per slice, slices): 64 columns by 128 of K a tile (each weight row's
     piece 256 contiguous bytes in half precision), and slices of K until there are about four
     programs per SM."""
-    block_n, block_k = 64, 128
     k_blocks = -(-K // block_k)
-    wanted = max(1, min(k_blocks, -(-4 * sms // -(-N // block_n))))
+    wanted = max(1, min(k_blocks, -(-per_sm * sms // -(-N // block_n))))
     per_split = -(-k_blocks // wanted) * block_k
     return block_n, block_k, per_split, -(-K // per_split)
 
@@ -683,7 +683,7 @@ def mlp_skinny(a, w1, w2, residual, c):
     skinny_partial_kernel[(n_blocks, splits)](
         a, w1, w2, part, M, N, K, a.stride(0), a.stride(1), *w1.stride(), *w2.stride(),
         per_split, GATED=gated, PRECISION=_dot_precision(a.dtype), BLOCK_M=16,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3)
+        BLOCK_N=block_n, BLOCK_K=block_k, **SKINNY_LAUNCH)
     skinny_epilogue_kernel[(n_blocks,)](
         part, c, c if residual is None else residual, M, N, splits, c.stride(0),
         0 if residual is None else residual.stride(0), GATED=gated,

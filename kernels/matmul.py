@@ -804,7 +804,7 @@ def pick_config(M, N, K, dtype):
     (N = 896, 1152: 128x128 ran 2-6% faster there). Smaller problems take one tile per program:
     128x256 tiles (4 stages) above ~2 waves of SMs, 128x128 below, tiny M 64 rows."""
     if dtype == torch.float32:  # 4-byte operands and 3 products per dot: a narrower tile won
-        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, **SKINNY_LAUNCH)
     if M <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
     tiles = ((M + 127) // 128) * ((N + 255) // 256)
@@ -1073,15 +1073,15 @@ def matmul(A, B, bias=None, activation=None, residual=None, ln_weight=None, ln_b
 
 
 SKINNY_MAX_M = 16  # rows of a generation step (the batch) or fewer: split-K
+SKINNY_LAUNCH = dict(num_warps=4, num_stages=3)  # the slices' kernel
 
 
 @functools.lru_cache(maxsize=None)
-def skinny_config(N, K, sms):
+def skinny_config(N, K, sms, block_n=64, block_k=128, per_sm=4):
     """(BLOCK_N, BLOCK_K, K per slice, slices): 64 x 128 tiles of B (128-byte rows in half
     precision), and slices of K until there are about four programs per SM."""
-    block_n, block_k = 64, 128
     k_blocks = -(-K // block_k)
-    wanted = max(1, min(k_blocks, -(-4 * sms // -(-N // block_n))))
+    wanted = max(1, min(k_blocks, -(-per_sm * sms // -(-N // block_n))))
     per_split = -(-k_blocks // wanted) * block_k
     return block_n, block_k, per_split, -(-K // per_split)
 
