@@ -804,7 +804,7 @@ def pick_config(M, N, K, dtype):
     (N = 896, 1152: 128x128 ran 2-6% faster there). Smaller problems take one tile per program:
     128x256 tiles (4 stages) above ~2 waves of SMs, 128x128 below, tiny M 64 rows."""
     if dtype == torch.float32:  # 4-byte operands and 3 products per dot: a narrower tile won
-        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, **SKINNY_LAUNCH)
+        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
     if M <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
     tiles = ((M + 127) // 128) * ((N + 255) // 256)
@@ -1099,7 +1099,7 @@ def matmul_skinny(A, B, bias, activation, residual, C):
     skinny_partial_kernel[(n_blocks, splits)](
         A, B, part, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), per_split,
         PRECISION=_dot_precision(A.dtype), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=3)
+        **SKINNY_LAUNCH)
     skinny_epilogue_kernel[(n_blocks,)](
         part, C, C if bias is None else bias, C if residual is None else residual, M, N,
         splits, C.stride(0), 0 if residual is None else residual.stride(0),
