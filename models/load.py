@@ -67,8 +67,9 @@ FLAGS = (
                           "--module transformers")),
     ("--input-shape", dict(metavar="BxS", help="batch x sequence for token models, e.g. 8x1024 "
                            "(default: the model's DEFAULT_INPUT_SHAPE on a GPU, "
-                           f"{CPU_INPUT_SHAPE[0]}x{CPU_INPUT_SHAPE[1]} on a CPU); KernelBench "
-                           "files: get_inputs() decides")),
+                           f"{CPU_INPUT_SHAPE[0]}x{CPU_INPUT_SHAPE[1]} on a CPU); transformers "
+                           "vision models: BxCxHxW, e.g. 1x3x64x64 (default: the config's "
+                           "image_size); KernelBench files: get_inputs() decides")),
     ("--dtype", dict(help="fp16 | bf16 | fp32 (default: fp16 on a GPU, fp32 on a CPU)")),
     ("--device", dict(help="cuda | cpu (default: cuda when available)")),
 )
@@ -153,13 +154,19 @@ def load_model_in_a_dtype_it_runs(args, forward, log=print):
     return in_fp32
 
 
-def parse_input_shape(text):
+def parse_input_shape(text, image=None):
+    """(batch, seq), or (batch, channels, height, width) for an image model. image: None when
+    the model is not known yet (the cheap checks: either form passes)."""
     try:
         dims = tuple(int(d) for d in text.lower().replace("*", "x").split("x"))
     except ValueError:
         dims = ()
-    if len(dims) != 2 or min(dims) < 1:
-        raise UsageError(f"bad --input-shape {text!r}: use BATCHxSEQ, e.g. 8x1024")
+    lengths = {None: (2, 4), False: (2,), True: (4,)}[image]
+    if len(dims) not in lengths or min(dims) < 1:
+        use = ("BxCxHxW, e.g. 1x3x64x64 (an image model)" if image
+               else "BATCHxSEQ, e.g. 8x1024" + ("" if image is False else
+                                                 ", or BxCxHxW for an image model"))
+        raise UsageError(f"bad --input-shape {text!r}: use {use}")
     return dims
 
 
@@ -308,7 +315,7 @@ def _takes(fn, name):
 
 def _input_shape(args, device, module=None):
     if args.input_shape:
-        return parse_input_shape(args.input_shape)
+        return parse_input_shape(args.input_shape, image=False)
     if device.type == "cuda":
         return tuple(getattr(module, "DEFAULT_INPUT_SHAPE", (8, 1024)))
     return CPU_INPUT_SHAPE
@@ -318,6 +325,45 @@ def _params(model):
     n = sum(p.numel() for p in model.parameters())
     return (f"{n / 1e9:.2f}B params" if n >= 1e9 else f"{n / 1e6:.1f}M params" if n >= 1e6
             else f"{n:,} params")
+
+
+class HFImage(torch.nn.Module):
+    """A transformers vision model whose forward takes pixel values and returns one tensor: the
+    logits of a classification head, else the last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values)
+        logits = getattr(out, "logits", None)
+        return logits if logits is not None else out.last_hidden_state
+
+
+def _is_vision(config):
+    """A config whose model reads pixel values (ResNet, ConvNeXt, ViT, Swin, ...): channels and
+    no vocabulary."""
+    return hasattr(config, "num_channels") and not hasattr(config, "vocab_size")
+
+
+def _vision_model(transformers, config, args, device, dtype, what):
+    """(model, inputs) of a vision config: its image classifier (AutoModel where it has none) on
+    a BxCxHxW batch, the config's image_size square by default."""
+    auto = transformers.AutoModelForImageClassification
+    if type(config) not in auto._model_mapping:  # a backbone only (e.g. a bare encoder)
+        auto = transformers.AutoModel
+    model = HFImage(_build(lambda: auto.from_config(config), dtype, device, what)).eval()
+    if args.input_shape:
+        shape = parse_input_shape(args.input_shape, image=True)
+    else:
+        size = getattr(config, "image_size", 224)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        shape = (8 if device.type == "cuda" else 1, config.num_channels, size, size)
+    if shape[1] != config.num_channels:
+        raise UsageError(f"--input-shape {args.input_shape} has {shape[1]} channels but "
+                         f"{what} takes {config.num_channels}: use Bx{config.num_channels}xHxW")
+    return model, (torch.randn(shape, device=device, dtype=dtype),)
 
 
 class HFLogits(torch.nn.Module):
@@ -355,6 +401,10 @@ def _load_hf_model(args, device, dtype):
                   "weights; --pretrained loads the weights", file=sys.stderr)
     config = (_hf_config(transformers, str(path), path, "--pretrained") if args.pretrained
               else _hf_config(transformers, source, path))
+    if _is_vision(config) and not args.pretrained:  # its own attention default (CNNs: none)
+        what = f"transformers {config.model_type} ({source})"
+        model, inputs = _vision_model(transformers, config, args, device, dtype, what)
+        return model, inputs, f"{what} ({_params(model)})"
     config._attn_implementation = "sdpa"
     auto = (transformers.AutoModelForMaskedLM if config.model_type in ("bert", "roberta",
                                                                        "distilbert")

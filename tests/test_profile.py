@@ -267,6 +267,29 @@ def test_transformers_config_model(tmp_path, capsys):
     assert "offline" in capsys.readouterr().err
 
 
+def test_transformers_vision_config_model(tmp_path, capsys):
+    """A vision config (no vocabulary, channels) builds its image classifier on BxCxHxW pixel
+    values; its convolutions and norms are regions (ResNet has no attention: no sdpa forced)."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "resnet.json"
+    config.write_text(json.dumps({"model_type": "resnet", "embedding_size": 8,
+                                  "hidden_sizes": [8, 16], "depths": [1, 1],
+                                  "layer_type": "basic", "num_labels": 3}))
+    out = tmp_path / "profile.json"
+    flags = ["--module", "transformers", "--hf-config", str(config), "--output", str(out),
+             "--iters", "1"]
+    assert profile_script.main([*flags, "--input-shape", "1x3x32x32"]) == 0, \
+        capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["input_shapes"] == [[1, 3, 32, 32]] and result["region_pct"] > 50
+    assert result["model_args"]["input_shape"] == "1x3x32x32"  # verify.py rebuilds the same
+    capsys.readouterr()
+    assert profile_script.main([*flags, "--input-shape", "1x4x32x32"]) == 2
+    assert "takes 3: use Bx3xHxW" in capsys.readouterr().err
+    assert profile_script.main([*flags, "--input-shape", "1x32"]) == 2
+    assert "BxCxHxW" in capsys.readouterr().err
+
+
 RAISES_IN_FORWARD = '''
 import torch
 CONFIGS = {"default": None}
