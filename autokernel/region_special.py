@@ -2,7 +2,7 @@
 The layouts a region starter's kernels are written for (autokernel/region_starter.py), and the
 kernels written whole rather than as a run of elementwise lines: a norm's (GroupNorm,
 InstanceNorm: statistics over a group of channels, then the fused calls), a pooling window, a
-cat, and the copy of an input into the traced layout.
+cat, a constant pad, and the copy of an input into the traced layout.
 
 Every kernel's index math has the traced shapes and strides as constants (ShapeProp's, on the
 reference). A region with a 2-d convolution is traced in channels_last (NHWC: where cuDNN's
@@ -361,5 +361,44 @@ def cat_code(index, n):
     return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
 
 
+def pad_code(index, n):
+    """F.pad in constant mode (any dims, negative pads crop): each output element loads its
+    input element, or takes the value where that falls outside the input (TF-style "same"
+    padding before a convolution: MobileNetV2's, EfficientNet's)."""
+    x, pad = arg(n, 0, "input"), arg(n, 1, "pad")
+    mode, value = arg(n, 2, "mode", "constant"), arg(n, 3, "value", None)
+    if mode != "constant":
+        raise StarterError(f"pad in {mode!r} mode (only constant: write this region's kernel "
+                           "by hand)")
+    (x_shape, x_strides), (shape, strides) = meta(x), meta(n)
+    if not dense(shape, strides):
+        strides = contiguous(shape)
+    order, total = memory_order(shape, strides), math.prod(shape)
+    before = [0] * len(shape)  # pad's pairs run from the last dim backwards
+    for k in range(len(pad) // 2):
+        before[len(shape) - 1 - k] = pad[2 * k]
+    lines = ["@triton.jit", f"def _pad_{index}(x, out, BLOCK: tl.constexpr):",
+             f'    """pad {tuple(x_shape)} -> {tuple(shape)} with {value or 0.0}."""',
+             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+             f"    mask = offs < {total}", "    ok = mask"]
+    terms = []
+    for d, coord in enumerate(coordinates(shape, order)):
+        lines.append(f"    i{d} = {coord} - {before[d]}" if before[d] else f"    i{d} = {coord}")
+        if shape[d] != x_shape[d] or before[d]:
+            lines.append(f"    ok = ok & (i{d} >= 0) & (i{d} < {x_shape[d]})")
+        if x_shape[d] != 1:
+            terms.append(f"i{d}" if x_strides[d] == 1 else f"i{d} * {x_strides[d]}")
+    lines += [f"    v = tl.load(x + {' + '.join(terms) or 'offs * 0'}, mask=ok, "
+              f"other={float(value or 0.0)!r})",
+              f"    tl.store(out + {index_expr(permuted(shape, order), permuted(strides, order))}"
+              ", v, mask=mask)", ""]
+    launcher = [f"def kernel_{index}(x0):", f'    """pad: one Triton kernel."""',
+                *layout_check(f"kernel_{index}", [x]),
+                f"    out = {allocation(shape, strides, 'x0.dtype')}",
+                f"    _pad_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
+                "num_warps=NUM_WARPS)", "    return out", ""]
+    return "\n".join(lines), "\n".join(launcher), [x], [n]
+
+
 SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
-           "cat": cat_code}
+           "cat": cat_code, "pad": pad_code}

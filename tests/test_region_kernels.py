@@ -199,6 +199,10 @@ BODIES = {
     "torch.nn.functional.group_norm(in0 * 3 + 100, 2, self.bias[:4] * 2, self.bias[2:]))",
     "cat along the last dim, one input permuted": "return torch.cat([in0, in1.permute(0, 3, 2, "
     "1)], -1) + 1",
+    "a TF-style asymmetric pad (MobileNetV2's), then relu": "return torch.relu(torch.nn."
+    "functional.pad(in0, (0, 1, 2, 1), value=0.25) - 0.5)",
+    "a pad of a permuted input that crops one dim": "return torch.nn.functional.pad("
+    "in1.permute(0, 3, 2, 1), (-1, 2, 0, 0, 1, 0)) * 2",
 }
 
 

@@ -94,6 +94,27 @@ def get_inputs():
 def get_inputs():
     return [torch.randn((2, 4, 8, 8))]
 """, 3),
+    # transformers' MobileNetV2ConvLayer with tf_padding: an asymmetric F.pad, then a stride-2
+    # depthwise conv, BatchNorm, ReLU6 (hardtanh)
+    "tf_padded_depthwise": ("""
+        self.dw_weight = nn.Parameter(torch.randn((6, 1, 3, 3)) * 0.3)
+        for name, c in (("bn1", 6),):
+            self.register_buffer(f"{name}_mean", torch.randn((c,)) * 0.3)  # eval-mode BatchNorm
+            self.register_buffer(f"{name}_var", torch.rand((c,)) + 0.5)
+            self.register_buffer(f"{name}_weight", torch.rand((c,)) + 0.5)
+            self.register_buffer(f"{name}_bias", torch.randn((c,)) * 0.1)
+
+    def forward(self, in0):
+        h = torch.conv2d(F.pad(in0, (0, 1, 0, 1), "constant", 0.0), self.dw_weight, None, 2, 0,
+                         1, 6)
+        h = F.batch_norm(h, self.bn1_mean, self.bn1_var, self.bn1_weight, self.bn1_bias,
+                         False, 0.1, 1e-03)
+        return F.hardtanh(h, 0.0, 6.0)
+
+
+def get_inputs():
+    return [torch.randn((2, 6, 8, 8))]
+""", 1),
     # a diffusion model's half-block: GroupNorm, SiLU, conv (the groups walked NHWC)
     "groupnorm_silu_conv": ("""
         self.norm_weight = nn.Parameter(torch.rand((8,)) + 0.5)
