@@ -55,6 +55,8 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
     ops            list   the profile entries merged into it, e.g. ["aten::linear", "aten::matmul"]
                           (a region: its calls, e.g. ["conv2d", "batch_norm", "relu"])
     region         dict   a region's: id, label (its module's class), instances (module paths),
+                          plug (where verify.py swaps it in, relative to each instance:
+                          "" the module, "dwconv" a child; null: nowhere yet),
                           problem (its reference, workspace/regions/<label>_<id>.py)
 
 Regions (profile.py's rows of the model's own code outside the kernel types) rank beside the
@@ -249,6 +251,7 @@ def write_region(candidate, rank, profile, workspace, force):
             "amdahl_ceiling": 1.0 / (1.0 - share) if share < 1.0 else None,
             "bound": candidate["bound"], "ops": region["ops"], "backend": "triton",
             "region": {"id": region["id"], "label": region["label"], "instances": instances,
+                       "plug": region.get("plug", ""),
                        "problem": rel(problem)}}
 
 
@@ -342,6 +345,9 @@ def main(argv=None):
             fail("extract.py", e)
             continue
         plan.append(row)
+        if (row.get("region") or {}).get("plug", "") is None:
+            print(f"extract: note: {row['name']} is only part of its module's forward (kernel "
+                  "types run there too): verify.py cannot plug it into the model yet")
         print(f"{row['rank']}. {row['file']:<34} {100 * row['share']:5.1f}% of op time, "
               f"Amdahl ceiling {row['amdahl_ceiling'] or float('inf'):.2f}x, {row['bound']}, "
               f"shapes {brief(row['shapes'])}"

@@ -34,6 +34,11 @@ class Kernel:
     optional: bool = False  # one that finds no op in the model is "unused", not a failure
     instances: list = field(default_factory=list)  # a region kernel's module paths (its fn:
                                                    # ModelNew; autokernel/swap_regions.py)
+    plug: str = ""  # where in each instance it is swapped in: "" its forward, "dwconv" a child's
+
+    def site(self, path):
+        """The module path a region kernel's instance at `path` is swapped in at."""
+        return ".".join(p for p in (path, self.plug or "") if p)
 
     @property
     def rel_file(self):

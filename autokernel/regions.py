@@ -29,7 +29,7 @@ import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
 
 from autokernel.fx_vocabulary import CASTS, VIEWS, op
-from autokernel.matches import Match, _movable
+from autokernel.matches import Match, _movable, module_stack
 from autokernel.recognize import OP_TABLE, REGION
 
 CONV = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
@@ -50,6 +50,7 @@ class Region(Match):
     module: str = ""            # the owning module's path in the model ("" for the model itself)
     signature: str = ""
     problem_note: str = ""     # why no standalone reference could be written
+    plug: str = ""              # where verify.py swaps it in, relative to module (plug_path)
 
     @property
     def id(self):
@@ -125,9 +126,45 @@ def find_regions(gm, matches, root="forward", modules=None):
     for r in regions:
         if all(op(n) in VIEWS - CASTS for n in r.nodes) or not _movable(r, gm.graph):
             continue
+        _plug(r, gm.graph, modules)
         _seal(r, gm.graph)
         kept.append(r)
     return kept
+
+
+def plug_path(nodes, module, graph, modules=None):
+    """Where verify.py can swap a region of these nodes in, relative to its module: the
+    innermost module whose forward computes them and nothing else ("" the module itself;
+    "dwconv" where they are all a torch.nn child computes while the module also runs a kernel
+    type, ConvNeXt's block), or None where no module's forward is only the region."""
+    calls = [n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    for key, (path, _) in reversed(module_stack(nodes)):
+        name = (modules or {}).get(key, module_path(path))
+        if module and name != module and not name.startswith(module + "."):
+            return None  # above the region's module: regions never span two
+        if all(n in nodes for n in calls if key in (n.meta.get("nn_module_stack") or {})):
+            return "" if name == module else name[len(module) + 1:] if module else name
+        if name == module:
+            return None
+    return "" if all(n in nodes for n in calls) else None
+
+
+def _plug(r, graph, modules):
+    """r.plug (plug_path); where the region is a child's forward but for views of its output
+    (ConvNeXt's `self.dwconv(x).permute(0, 2, 3, 1)`), those views are left to the module's
+    own code, so that the child's forward can be swapped."""
+    r.plug = plug_path(r.nodes, r.module, graph, modules)
+    if r.plug is not None:
+        return
+    trimmed, changed = set(r.nodes), True
+    while changed:  # views nothing in the region reads, from the end
+        ends = {n for n in trimmed if op(n) in VIEWS - CASTS and not set(n.users) & trimmed}
+        trimmed, changed = trimmed - ends, bool(ends)
+    plug = plug_path(trimmed, r.module, graph, modules) if trimmed != r.nodes and trimmed \
+        else None
+    if plug:
+        r.nodes, r.plug = trimmed, plug
+        r.output = [n for n in graph.nodes if n in trimmed][-1]
 
 
 def _typed(n):
@@ -266,7 +303,8 @@ def record(r, seen, origin):
                        if isinstance(v, torch.Tensor) else None)
     return {"id": r.id, "label": r.label, "ops": ops_of(r),
             "inputs": [tensor(a) for a in r.inputs], "outputs": outputs, "flops": flops(r),
-            "bytes": nbytes(r), "instances": [], "reference": reference_source(r, seen, origin),
+            "bytes": nbytes(r), "instances": [], "plug": r.plug,
+            "reference": reference_source(r, seen, origin),
             "note": r.problem_note}
 
 

@@ -313,7 +313,7 @@ def instance_forward(swap, module, original, path, ktypes, lists, entry_points, 
 def _taken(swap, module, path, lists, names):
     """Why not, when another rule replaced the forward of the instance or a submodule of it
     (a region kernel's excepted: it gives way)."""
-    regions = {id(names.get(p)) for k in swap.regions for p in k.instances}
+    regions = {id(names.get(k.site(p))) for k in swap.regions for p in k.instances}
     forwards = {id(owner) for a in lists[:1] for owner, attr, _, _ in a if attr == "forward"}
     for name, sub in module.named_modules():
         if id(sub) in forwards and id(sub) not in regions:
@@ -326,7 +326,7 @@ def _taken(swap, module, path, lists, names):
 def _regions_give_way(swap, module, path, names, plugged):
     inside = {id(m) for m in module.modules()}
     for k in swap.regions:
-        for p in k.instances:
+        for p in map(k.site, k.instances):
             if id(names.get(p)) in inside:
                 swap.fallback(k.name, f"at {p or 'the model'}: inside {path or 'the model'}, "
                               f"whose forward runs as a graph with {', '.join(plugged)} "

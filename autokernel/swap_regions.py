@@ -14,10 +14,12 @@ module are not in it). So the first call of each instance runs both the module's
 ModelNew on the same inputs, in eager mode: where the outputs differ beyond the dtype's tolerance
 (or ModelNew does not take these inputs), the instance keeps its own forward for good and the
 reason is counted as the kernel's fallback; where they agree, ModelNew runs from then on, each
-call counted. A region kernel none of whose instances could be plugged is "not plugged" in
-verify.py's report (with the reasons), not a failure: plugging a region that is part of a
-forward needs the graph-level swap that is not built yet. Inside torch.compile region kernels
-are not plugged in yet either (a compiled swap leaves them out).
+call counted. Where the region is all a child module computes (a torch.nn conv in a block that
+also runs a kernel type: profile.json's "plug"), that child's forward is the one replaced, its
+tensors named as the region's module names them. A region kernel none of whose instances could
+be plugged is "not plugged" in verify.py's report (with the reasons), not a failure: plugging a
+region that is part of a forward needs the graph-level swap that is not built yet. Inside
+torch.compile region kernels are not plugged in yet either (a compiled swap leaves them out).
 """
 import torch
 
@@ -32,9 +34,9 @@ def patches(swap, model):
     names = dict(model.named_modules())
     for kernel in swap.regions:
         for path in kernel.instances:
-            module = names.get(path)
+            module = names.get(kernel.site(path))
             if module is None:
-                swap.fallback(kernel.name, f"the model has no module {path!r}")
+                swap.fallback(kernel.name, f"the model has no module {kernel.site(path)!r}")
                 continue
             found.append((module, "forward", instance_forward(swap, kernel, module, path)))
     return found
@@ -47,7 +49,8 @@ def instance_forward(swap, kernel, module, path):
 
     def tensors():
         """ModelNew's parameters and buffers by name -> the instance's own tensors."""
-        own = {attribute_name(f"{path}.{n}" if path else n, path): t
+        site = kernel.site(path)
+        own = {attribute_name(f"{site}.{n}" if site else n, path): t
                for n, t in [*module.named_parameters(), *module.named_buffers()]}
         mine = dict([*state["new"].named_parameters(), *state["new"].named_buffers()])
         wanted = list(mine)
@@ -76,10 +79,10 @@ def instance_forward(swap, kernel, module, path):
             state["checked"] = True
             if why is not None:
                 state["why"] = why
-                swap.fallback(kernel.name, f"at {path or 'the model'}: {why}")
+                swap.fallback(kernel.name, f"at {kernel.site(path) or 'the model'}: {why}")
                 return original(*args, **kwargs)
         swap.calls[kernel.name] += 1
-        swap.shapes[kernel.name].add(path or "the model")
+        swap.shapes[kernel.name].add(kernel.site(path) or "the model")
         return run(args, kwargs)
 
     def check(args, kwargs):

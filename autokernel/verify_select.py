@@ -35,7 +35,8 @@ from autokernel.verify_report import Steps, blank_entry
 from autokernel.workspace import plan_kernels, read_plan
 
 
-def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, instances=None):
+def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, instances=None,
+                plug=""):
     """A kernel file, imported and checked against the contract; its dispatch shapes are the
     plan's, else its BENCH_SHAPES, else none (it takes every shape of its type). A region
     kernel's callable is its ModelNew, plugged into the plan's instances of the region."""
@@ -49,7 +50,7 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, 
             raise UsageError(f"{path}: a region kernel file must define class ModelNew")
         name = name or getattr(module, "KERNEL_NAME", None) or path.stem
         return Kernel(name, "region", path, module.ModelNew, [], optional,
-                      list(instances or []))
+                      list(instances or []), plug or "")
     try:
         declared = check_module(module)["kernel_type"]
     except KernelFileError as e:
@@ -78,8 +79,9 @@ def kernel_specs(args):
             raise UsageError(f"no {rel(args.plan)}: run extract.py first, or pass --kernels "
                              "FILE[,FILE] or --starters")
         plan = read_plan(args.plan)
+        regions = {name: k.get("region") or {} for name, k in plan_kernels(plan).items()}
         specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False,
-                  (k.get("region") or {}).get("instances"))
+                  regions[name].get("instances"), regions[name].get("plug"))
                  for name, k in plan_kernels(plan).items()]
         rows = None if args.no_regate else read_rows(args.results)
         for line in unplaced_keeps(plan, rows or []):

@@ -220,3 +220,47 @@ def test_a_reference_names_the_devices_and_constants_its_code_uses():
     exec(compile(record["reference"], "region.py", "exec"), problem)
     x = problem["get_inputs"]()[0]
     assert torch.equal(problem["Model"]()(x), model[1](x))
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a depthwise conv, then a layernorm and a GELU MLP over channels last
+    (kernel types), the residual added."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.dwconv = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(c), nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+
+    def forward(self, x):
+        h = self.dwconv(x).permute(0, 2, 3, 1)
+        h = self.fc2(nn.functional.gelu(self.fc1(self.norm(h))))
+        return x + h.permute(0, 3, 1, 2)
+
+
+def test_a_region_that_is_all_a_child_computes_is_plugged_in_at_that_child(tmp_path):
+    """The depthwise conv is the block's region but not its whole forward (the layernorm and
+    linears are kernel types): it is swapped in at the conv, the child whose forward it is (the
+    permute after it left to the block's code), with the instance's own weights; the residual
+    add is no module's whole forward."""
+    from autokernel import region_starter
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    torch.manual_seed(0)
+    model, x = nn.Sequential(ConvNeXtBlock(4), ConvNeXtBlock(4)).eval(), torch.randn(1, 4, 6, 6)
+    found, _ = captured(model, x)
+    (conv,) = [r for r in found.values() if r["ops"] == ["conv2d"]]
+    assert conv["instances"] == ["0", "1"] and conv["plug"] == "dwconv"
+    (residual,) = [r for r in found.values() if r["ops"] == ["add"]]
+    assert residual["plug"] is None
+    (tmp_path / "ref.py").write_text(conv["reference"])
+    (tmp_path / "k.py").write_text(region_starter.starter_source(
+        tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
+    kernel = Kernel("k", "region", tmp_path / "k.py", load_module(tmp_path / "k.py").ModelNew,
+                    instances=conv["instances"], plug=conv["plug"])
+    swap = Swap([kernel])
+    with torch.no_grad():
+        want = model(x)
+        with swap.installed(model):
+            got = model(x)
+    assert swap.calls["k"] == 2 and not swap.fallbacks["k"], swap.fallbacks
+    assert torch.allclose(got, want, atol=1e-5)
