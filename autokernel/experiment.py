@@ -46,8 +46,11 @@ def run(args):
         attrs, syntax_error = contract.read_file_attrs(facts["kernel"])
         attrs.update(facts["night"])
         rows = results.read_rows(facts["results_tsv"])
-        snapshot = state.Untouched() if shared and confinement["abi"] is not None \
+        confined = confinement["abi"] is not None
+        snapshot = state.Untouched() if shared and confined \
             else state.Snapshot.take(facts["results_tsv"])
+        if confined and not shared:  # the kernel cannot write the repo: edits are the user's
+            snapshot = state.Confined(snapshot, own=[facts["results_tsv"]])
         if not shared:
             snapshot.save(results_path=facts["results_tsv"], candidate=facts["kernel"],
                           crash_row=killed_row(args, facts, attrs, rows))
@@ -62,8 +65,10 @@ def run(args):
             changed = snapshot.restore()
             if not shared:
                 state.SNAPSHOT_PATH.unlink(missing_ok=True)
+        for line in others_changed(snapshot):
+            print(f"note: {line}")
         if changed:
-            outcome.update(correctness="FAIL", reason=tampered(changed))
+            outcome.update(correctness="FAIL", reason=tampered(changed, confined))
         elif strays:  # the kernel's work is the call it is judged on, nothing that outlives it
             outcome.update(correctness="FAIL", reason=left_running(strays))
         outcome["sandbox"] = sandbox.describe(confinement)
@@ -76,6 +81,16 @@ def run(args):
     if shared and row["correctness"] == "PASS":
         ChildRunner.log.unlink(missing_ok=True)
     return 1 if row["reason"].startswith(("git ", "results.tsv")) else 0
+
+
+def others_changed(snapshot):
+    """A note naming what another process changed while the confined kernel ran (left as it
+    is: the user's edit, not the kernel's)."""
+    others = sorted(getattr(snapshot, "others", ()))
+    if not others:
+        return []
+    return [f"changed during the run by another process, left as it is (the kernel's process "
+            f"was confined): {', '.join(others[:8])}{' ...' if len(others) > 8 else ''}"]
 
 
 def preflight(args):
@@ -164,7 +179,7 @@ def run_children(args, facts, attrs, syntax_error, rows, snapshot):
         hello = candidate.start(startup_s)
         changed = snapshot.restore()  # most tampering happens at import: no stage runs then
         if changed:
-            return dict(outcome, reason=tampered(changed))
+            return dict(outcome, reason=tampered(changed, isinstance(snapshot, state.Confined)))
         if hello["status"] == "import_failed":
             return dict(outcome, reason=hello["error"])
         try:

@@ -37,9 +37,15 @@ CHILD_LOG = ak.WORKSPACE / "bench_child.log"  # the children's stdout and stderr
 IDLE_KERNEL = ak.ROOT / "autokernel" / "idle_kernel.py"  # the window floor's (timing.py)
 
 
-def tampered(changed):
-    return (f"the kernel's process changed {', '.join(changed[:5])}"
-            f"{' ...' if len(changed) > 5 else ''} during the run (restored; never kept)")
+def tampered(changed, confined=False):
+    """The reason for a run during which the night's files changed. Confined, the kernel's
+    process could not have written them: another process did, and the run is not kept all
+    the same (its row would stand on a record someone else changed)."""
+    named = f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}"
+    if confined:
+        return (f"{named} changed during the run, not by the kernel's process (it was confined): "
+                f"restored; never kept")
+    return f"the kernel's process changed {named} during the run (restored; never kept)"
 
 
 def left_running(strays):

@@ -10,7 +10,10 @@ and start processes. bench.py therefore:
     for byte: results.tsv, every tracked file, git's own files (HEAD, refs, index, config, hooks,
     reflogs: all of .git but its objects), the workspace's kernel files and JSON, and it deletes
     untracked files and __pycache__ entries the run created (a planted `json.py` or a forged .pyc
-    would otherwise run inside the next judge);
+    would otherwise run inside the next judge). Where the sandbox held (autokernel/sandbox.py),
+    the kernel's process could not write any of it: what changed is another process's (the
+    user's edit, a new file), so only results.tsv is put back and the rest is named, left as
+    it is (`Confined`);
   * leaves a crash record: the snapshot, with its hash and the row of a killed run, in
     workspace/judge/ (the judge's private directory: the kernel's sandbox can neither read nor
     write it). The next bench.py checks it before trusting it (its hash; it holds no row
@@ -332,6 +335,53 @@ class Snapshot:
                 # module writes its .pyc, so an honest run makes new ones too.
                 os.unlink(path)
         return sorted({_rel(p, self.root) for p in changed})
+
+
+    def changed(self, but=None):
+        """What differs from the snapshot (paths relative to the repo), without touching
+        anything: files whose bytes changed, files that appeared (untracked or in .git),
+        __pycache__ aside."""
+        gitdir = str(Path(self.root) / ".git")
+        paths = [p for p, data in self.files.items() if p != but and _read(p) != data]
+        paths += [p for p in self.absent
+                  if os.path.lexists(p) and not p.startswith(gitdir + os.sep) and p != but]
+        known = set(self.files) | set(self.absent)
+        paths += [p for p in _git_internal_files(self.root)
+                  if p not in known and not p.endswith(".lock")]
+        before = set(self.untracked)
+        paths += [str(Path(self.root) / rel)
+                  for rel in _git_list(self.root, "--others", "--exclude-standard")
+                  if rel not in before and str(Path(self.root) / rel) != but]
+        return sorted({_rel(p, self.root) for p in paths})
+
+
+class Confined:
+    """A Snapshot where the kernel's process could not write the repo (the sandbox held): what
+    changed during the run is someone else's (the user editing a file, committing, saving a
+    new one), and putting it back would undo their work. Only the files that nothing but the
+    judge writes (the night's results.tsv) are put back; restore() returns those that had
+    changed, and `others` collects the rest, named and left as they are."""
+
+    def __init__(self, snapshot, own):
+        self.snapshot, self.own, self.others = snapshot, [str(p) for p in own], set()
+
+    def save(self, *args, **kwargs):
+        self.snapshot.save(*args, **kwargs)
+
+    def restore(self, but=None):
+        changed = set(self.snapshot.changed(but))
+        own = {_rel(p, self.snapshot.root) for p in self.own}
+        self.others |= changed - own
+        for path in self.own:
+            data = self.snapshot.files.get(path)
+            if data is None:
+                if path in self.snapshot.absent and os.path.lexists(path):
+                    os.unlink(path)
+            elif _read(path) != data:
+                tmp = Path(path + ".autokernel-restore")
+                tmp.write_bytes(data)
+                tmp.replace(path)
+        return sorted(changed & own)
 
 
 class Untouched:

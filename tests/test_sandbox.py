@@ -96,6 +96,30 @@ def confined_attacks_scenario(root, kept, names):
     return {"kept": kept, "before": before, "attacks": attacks}
 
 
+def concurrent_edits_scenario(root, kept):
+    """While a confined kernel is judged, someone else edits a tracked file, saves a new one and
+    appends a line to results.tsv (the judge's own record)."""
+    repo, _ = copy_of(kept, "concurrent_edits")
+    (repo / "kernel.py").write_text(variant(GOOD.read_text(), 3))
+    proc = subprocess.Popen([sys.executable, "bench.py", "-m", "judged while the user works"],
+                            cwd=repo, env=GIT_ENV, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    lines = []
+    while not (lines and lines[-1].startswith("stage_1_smoke")):  # the child runs by now
+        lines.append(proc.stdout.readline())
+        assert lines[-1] or proc.poll() is None, "".join(lines)
+    with open(repo / ".gitignore", "a") as f:
+        f.write("# the user's edit\n")
+    (repo / "notes.md").write_text("the user's new file\n")
+    with open(repo / "results.tsv", "a") as f:
+        f.write("a line someone else wrote\n")
+    out = "".join(lines) + proc.communicate(timeout=300)[0]
+    return {"rc": proc.returncode, "out": out, **snapshot(repo),
+            "gitignore": (repo / ".gitignore").read_text(),
+            "notes": (repo / "notes.md").read_text() if (repo / "notes.md").exists() else None,
+            "results_text": (repo / "results.tsv").read_text()}
+
+
 CONFINED = (["kills_the_judge", "forges_crash_record", "writes_outside_the_repo"], TAMPERING)
 
 
@@ -109,12 +133,33 @@ def runs(tmp_path_factory):
         if LANDLOCK[0] is not None:
             for names in CONFINED:
                 jobs[f"confined:{names[0]}"] = (confined_attacks_scenario, root, kept, names)
+            jobs["concurrent_edits"] = (concurrent_edits_scenario, root, kept)
         futures = {name: pool.submit(job[0], *job[1:]) for name, job in jobs.items()}
         return {"forged_record": forged.result(),
                 **{name: future.result() for name, future in futures.items()}}
 
 
 # ---- the sandbox ----------------------------------------------------------------------------
+
+@needs_landlock
+def test_what_another_process_changes_during_a_confined_run_is_left_but_the_nights_record(runs):
+    """The kernel's process could not write the repo, so the edits are the user's: the tracked
+    file keeps its edit and the new file stays (named on a note line), while results.tsv, which
+    only the judge writes, is put back and the run is not kept."""
+    run = runs["concurrent_edits"]
+    assert run["rc"] == 1 and "Traceback" not in run["out"], run["out"]  # 1: a FAIL verdict
+    assert run["gitignore"].endswith("# the user's edit\n")
+    assert run["notes"] == "the user's new file\n"
+    note = next(line for line in run["out"].splitlines() if "another process" in line)
+    assert note.startswith("note: ") and ".gitignore" in note and "notes.md" in note, note
+    assert "results.tsv" not in note
+    assert "a line someone else wrote" not in run["results_text"]
+    row = run["results"].iloc[-1]
+    assert row["status"] == "revert" and row["correctness"] == "FAIL", row
+    assert row["reason"].startswith("results.tsv changed during the run, not by the kernel's"), \
+        row["reason"]
+    assert run["commits"] == 2 and run["kernel"] == run["committed_kernel"]  # reverted
+
 
 @needs_landlock
 def test_a_confined_process_writes_only_its_scratch_and_dev(tmp_path):
