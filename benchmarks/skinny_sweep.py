@@ -79,7 +79,11 @@ def sweep(starter, N, K, gated, M, module, bandwidth):
             module.skinny_config = functools.partial(default, **tile)
             module.SKINNY_LAUNCH = launch
             fn = product(module, starter, a, w1, w2)
-            if not torch.allclose(fn().float(), want, rtol=2e-2, atol=2e-2):
+            try:
+                got = fn()
+            except triton.runtime.errors.OutOfResources:  # the tile and stages do not fit
+                continue
+            if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
                 rows.append({"config": label, "us": None, "wrong": True})
             else:
                 rows.append({"config": label, "us": timed(fn)})

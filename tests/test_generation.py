@@ -191,7 +191,7 @@ def test_matmul_starter_splits_k_for_a_decode_steps_rows():
     A = torch.randn(3, 1024, generator=gen).half()
     W = torch.randn(40, 1024, generator=gen).half()  # as F.linear holds it: B = W.t()
     bias, residual = torch.randn(40, generator=gen).half(), torch.randn(3, 40, generator=gen).half()
-    assert matmul.skinny_config(40, 1024, 4)[3] == 8  # eight slices of K
+    assert matmul.skinny_config(40, 1024, 4)[3] == 4  # four slices of K
     got = matmul.kernel_fn(A=A, B=W.t(), bias=bias, activation="gelu_tanh", residual=residual)
     want = autokernel.KERNEL_TYPES["matmul"].reference(A=A, B=W.t(), bias=bias,
                                                        activation="gelu_tanh", residual=residual)
@@ -201,10 +201,11 @@ def test_matmul_starter_splits_k_for_a_decode_steps_rows():
 def test_fused_mlp_starter_splits_k_for_a_decode_steps_rows():
     from autokernel.contract import load_module
     mlp = load_module(autokernel.KERNELS_DIR / "fused_mlp.py")
-    inputs = autokernel.KERNEL_TYPES["fused_mlp"].inputs((2, 512, 1024), torch.float16, "cpu",
+    inputs = autokernel.KERNEL_TYPES["fused_mlp"].inputs((2, 128, 1024), torch.float16, "cpu",
                                                          torch.Generator().manual_seed(0),
                                                          {"residual": True})
-    assert mlp.skinny_config(1024, 512, 4)[3] == 1 and mlp.skinny_config(512, 1024, 4)[3] == 2
+    assert mlp.skinny_config(1024, 128, 4, True)[3] == 1  # gate+up: one slice
+    assert mlp.skinny_config(128, 1024, 4)[3] == 4  # down: four slices of K
     got = mlp.kernel_fn(**inputs)
     want = autokernel.KERNEL_TYPES["fused_mlp"].reference(**inputs)
     bad, _ = autokernel.KERNEL_TYPES["fused_mlp"].mismatches(got, want, inputs)
