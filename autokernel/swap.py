@@ -135,6 +135,20 @@ class Swap:
         self.shapes[op.kernel.name].add(op.ktype.shape_str(shape))
 
     @contextlib.contextmanager
+    def compiling(self, patches):
+        """A compiled swap's settings: inductor's pass that folds the adds around matmul ops
+        into their residual, and Dynamo's room to compile each patched forward."""
+        if not self.compiled:
+            yield
+            return
+        fusions = contextlib.nullcontext()
+        if self.active("matmul"):
+            from autokernel import fusion  # imports inductor: only for a compiled swap
+            fusions = fusion.installed()
+        with room_to_compile_each(patches), fusions:
+            yield
+
+    @contextlib.contextmanager
     def installed(self, model):
         """Plug the kernels into `model` and restore everything on exit, also when the forward
         raises. Everything is one list of (owner, attribute, replacement): the active rules'
@@ -178,16 +192,25 @@ class Swap:
                     patches += patcher(self, model)
         if self.regions and not self.compiled:  # each instance's forward (swap_regions.py)
             patches += swap_regions.patches(self, model)
-        # Compiled: inductor's pass folds the adds around matmul ops into their residual.
-        fusions = contextlib.nullcontext()
-        if self.compiled and self.active("matmul"):
-            from autokernel import fusion  # imports inductor: only for a compiled swap
-            fusions = fusion.installed()
         # Last, on the model's first forward: computations it writes out as torch ops that a
         # type's kernel takes, plugged into its graph (autokernel/swap_graph.py).
-        with applying(patches) as applied, fusions, \
+        with applying(patches) as applied, self.compiling(patches), \
                 swap_graph.installed(self, model, applied, ENTRY_POINTS):
             yield self
+
+
+def room_to_compile_each(patches):
+    """Dynamo's recompile limit raised to the number of patched forwards. Each is a closure of
+    one code object over its own module and weights; where a graph break leaves it a frame of
+    its own (transformers' attention layers on torch 2.11), Dynamo compiles it once per layer,
+    and at its default limit of 8 ran every later layer's patched forward uncompiled (a
+    1B Llama's last 8 of 16 attention layers, on the H100)."""
+    import torch._dynamo
+    config = torch._dynamo.config
+    forwards = sum(1 for _, attr, _ in patches if attr == "forward")
+    return config.patch(recompile_limit=max(config.recompile_limit, forwards + 8),
+                        accumulated_recompile_limit=max(config.accumulated_recompile_limit,
+                                                        4 * forwards + 64))
 
 
 def pluggable_types(model, forward, types=None, reasons=None):

@@ -127,6 +127,38 @@ def test_a_compiled_step_reuses_what_the_first_eager_step_worked_out():
     assert swap.calls["qkv_rotary"] == 3 * layers and swap.calls["decode_attention"] == 3 * layers
 
 
+def test_a_compiled_swap_compiles_every_layers_patched_forward(monkeypatch):
+    """Where a graph break leaves each decoder layer a frame of its own (transformers on torch
+    2.11 did), Dynamo compiles the layer's patched attention forward once per layer, a closure
+    over that layer's weights: the compiled swap makes room for all of them, so no layer runs
+    uncompiled past Dynamo's limit (8 by default, 2 here for a 4-layer model; here it would
+    raise)."""
+    import torch._dynamo
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+    layer_forward = modeling_llama.LlamaDecoderLayer.forward
+
+    def broken(self, *args, **kwargs):
+        torch._dynamo.graph_break()
+        return layer_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", broken)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**dict(HF_TINY["tiny-llama"][1], num_hidden_layers=4,
+                                             num_key_value_heads=2))
+    config._attn_implementation = "sdpa"
+    model = HFLogits(transformers.AutoModelForCausalLM.from_config(config)).eval()
+    kernel = verify_select.load_kernel(autokernel.KERNELS_DIR / "qkv_rotary.py")
+    swap, ids = Swap([kernel], compiled=True), prompt(batch=1, length=4)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True), \
+            torch.no_grad(), swap.installed(model):
+        model(ids)  # eager first: the swap's checks and weight copies, as Step.warm_up does
+        swap.reset()
+        torch.compile(model, backend="eager")(ids)
+    assert swap.calls["qkv_rotary"] == 4 and not swap.fallbacks["qkv_rotary"]
+
+
 def test_a_mask_that_is_not_a_causal_prefix_falls_back():
     kernel = verify_select.load_kernel(autokernel.KERNELS_DIR / "decode_attention.py")
     q, k, v = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
