@@ -2,8 +2,9 @@
 A generation step's kernels one at a time: each starter at the shapes a Llama-3.2-1B-shaped
 model's decode step calls it with (batch 1 and 8, bf16), against eager PyTorch (cuBLAS, SDPA)
 and torch.compile of it, every one timed as CUDA graph replays (as inside a captured step:
-no launch overhead from Python) with L2 flushed by triton.testing.do_bench_cudagraph. Each
-starter is first checked against the fp64 oracle; a wrong one gets no time.
+no launch overhead from Python) by triton.testing.do_bench_cudagraph, which does not flush L2
+between replays (a weight under L2's size is partly served from it). Each starter is first
+checked against the fp64 oracle; a wrong one gets no time.
 
     python3 benchmarks/decode_kernels.py [OUT.json]
 
