@@ -63,7 +63,8 @@ Regions (profile.py's rows of the model's own code outside the kernel types) ran
 types by share. A region's kernel file is a ModelNew for its reference (autokernel/
 region_kind.py), started from autokernel/region_starter.py's code: the library convolutions and
 GEMMs, one fused Triton kernel per run of elementwise ops. A region with calls that have no
-generated code yet is skipped with the reason (its reference is still written).
+generated code yet is skipped with the reason (its reference is still written), and the next
+candidate takes its place: --top N writes N kernel files where the profile has N candidates.
 """
 import argparse
 import re
@@ -326,8 +327,11 @@ def main(argv=None):
                     + (f" among --types {args.types}" if types else ""), 1)
 
     plan, failed, kept = [], 0, 0
-    # A candidate keeps its rank (and so its file name) whatever happens to the others.
-    for rank, candidate in enumerate(candidates[:args.top], start=1):
+    # A candidate keeps its rank (and so its file name) whatever happens to the others; a
+    # region without a starter gives its place to the next candidate, so --top N writes N.
+    for rank, candidate in enumerate(candidates, start=1):
+        if len(plan) + failed >= args.top:
+            break
         try:
             if "region" in candidate:
                 row = write_region(candidate, rank, profile, args.workspace, args.force)

@@ -87,13 +87,14 @@ def cli(*args):
 
 @pytest.fixture(scope="module")
 def extracted(tmp_path_factory):
-    """profile.py and extract.py --top 5 on the model, as a user runs them:
+    """profile.py and extract.py --top 4 on the model, as a user runs them (five candidates,
+    one a region without a starter):
     (workspace, plan, extract.py's output)."""
     work = tmp_path_factory.mktemp("regions")
     (work / "net.py").write_text(MODEL)
     cli("profile.py", "--model", str(work / "net.py"), "--output", str(work / "profile.json"))
     stdout = cli("extract.py", "--profile", str(work / "profile.json"), "--workspace", str(work),
-                 "--top", "5")
+                 "--top", "4")
     return work, json.loads((work / "plan.json").read_text()), stdout
 
 
@@ -110,6 +111,7 @@ def test_extract_writes_top_regions_beside_the_types(extracted):
     assert diffusion["ops"] == ["group_norm", "silu", "conv2d"]
     # A mean has no generated starter yet: said in one line, its reference kept
     assert "skipped region Model:" in stdout and "mean" in stdout, stdout
+    assert len(plan["kernels"]) == 4, stdout  # the next candidate took its place
     shares = [k["share"] for k in plan["kernels"]]
     assert shares == sorted(shares, reverse=True)  # regions and types ranked together
 
