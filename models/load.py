@@ -65,7 +65,7 @@ FLAGS = (
                           "weights: a local directory (config.json + *.safetensors) or a hub "
                           "name already in the local HF cache (never downloaded); implies "
                           "--module transformers")),
-    ("--input-shape", dict(metavar="BxS", help="batch x sequence for token models, e.g. 8x1024 "
+    ("--input-shape", dict(metavar="SHAPE", help="batch x sequence for token models, e.g. 8x1024 "
                            "(default: the model's DEFAULT_INPUT_SHAPE on a GPU, "
                            f"{CPU_INPUT_SHAPE[0]}x{CPU_INPUT_SHAPE[1]} on a CPU); transformers "
                            "vision models: BxCxHxW, e.g. 1x3x64x64 (default: the config's "
