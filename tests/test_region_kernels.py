@@ -87,14 +87,13 @@ def cli(*args):
 
 @pytest.fixture(scope="module")
 def extracted(tmp_path_factory):
-    """profile.py and extract.py --top 4 on the model, as a user runs them (five candidates,
-    one a region without a starter):
+    """profile.py and extract.py --top 5 on the model, as a user runs them:
     (workspace, plan, extract.py's output)."""
     work = tmp_path_factory.mktemp("regions")
     (work / "net.py").write_text(MODEL)
     cli("profile.py", "--model", str(work / "net.py"), "--output", str(work / "profile.json"))
     stdout = cli("extract.py", "--profile", str(work / "profile.json"), "--workspace", str(work),
-                 "--top", "4")
+                 "--top", "5")
     return work, json.loads((work / "plan.json").read_text()), stdout
 
 
@@ -111,9 +110,24 @@ def test_extract_writes_top_regions_beside_the_types(extracted):
     assert diffusion["ops"] == ["group_norm", "silu", "conv2d"]
     # A mean has no generated starter yet: said in one line, its reference kept
     assert "skipped region Model:" in stdout and "mean" in stdout, stdout
-    assert len(plan["kernels"]) == 4, stdout  # the next candidate took its place
     shares = [k["share"] for k in plan["kernels"]]
     assert shares == sorted(shares, reverse=True)  # regions and types ranked together
+
+
+def test_a_region_without_a_starter_gives_its_place_to_the_next(extracted, tmp_path):
+    """--top 1 where the top candidate is the region without a starter (the mean, moved first in
+    a copy of the profile): the next candidate is written in its place."""
+    work, _, _ = extracted
+    profile = json.loads((work / "profile.json").read_text())
+    mean = next(e for e in profile["entries"] if e.get("group") == "region"
+                and "mean" in e["region"]["ops"])
+    mean["share"], mean["time_us"] = 2.0, 2 * profile["total_op_us"]
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    stdout = cli("extract.py", "--profile", str(tmp_path / "profile.json"), "--workspace",
+                 str(tmp_path), "--top", "1")
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert "skipped region Model:" in stdout and len(plan["kernels"]) == 1, stdout
+    assert plan["kernels"][0]["rank"] == 2 and plan["kernels"][0]["name"].startswith("block_")
 
 
 def judged(path):
