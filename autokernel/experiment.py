@@ -46,7 +46,7 @@ def run(args):
         attrs, syntax_error = contract.read_file_attrs(facts["kernel"])
         attrs.update(facts["night"])
         rows = results.read_rows(facts["results_tsv"])
-        confined = confinement["abi"] is not None
+        confined = sandbox.seals_the_repo(confinement)
         snapshot = state.Untouched() if shared and confined \
             else state.Snapshot.take(facts["results_tsv"])
         if confined and not shared:  # the kernel cannot write the repo: edits are the user's

@@ -108,6 +108,12 @@ def prepare(source: bytes):
     return {"abi": abi, "why": why, "scratch": str(scratch), "private": str(PRIVATE_DIR)}
 
 
+def seals_the_repo(spec):
+    """Whether the kernel's process can change no file outside its scratch directory: confined
+    at an ABI that handles truncate(2) too (from 3; before, a path could be cut short)."""
+    return spec["abi"] is not None and spec["abi"] >= 3
+
+
 def describe(spec):
     """One line: which confinement the kernel's process runs under."""
     if spec["abi"] is None:

@@ -10,10 +10,10 @@ and start processes. bench.py therefore:
     for byte: results.tsv, every tracked file, git's own files (HEAD, refs, index, config, hooks,
     reflogs: all of .git but its objects), the workspace's kernel files and JSON, and it deletes
     untracked files and __pycache__ entries the run created (a planted `json.py` or a forged .pyc
-    would otherwise run inside the next judge). Where the sandbox held (autokernel/sandbox.py),
-    the kernel's process could not write any of it: what changed is another process's (the
-    user's edit, a new file), so only results.tsv is put back and the rest is named, left as
-    it is (`Confined`);
+    would otherwise run inside the next judge). Where the sandbox sealed the repo
+    (sandbox.seals_the_repo), the kernel's process could not write any of it: what changed is
+    another process's (the user's edit, a new file), so only results.tsv is put back and the
+    rest is named, left as it is (`Confined`);
   * leaves a crash record: the snapshot, with its hash and the row of a killed run, in
     workspace/judge/ (the judge's private directory: the kernel's sandbox can neither read nor
     write it). The next bench.py checks it before trusting it (its hash; it holds no row
@@ -356,9 +356,9 @@ class Snapshot:
 
 
 class Confined:
-    """A Snapshot where the kernel's process could not write the repo (the sandbox held): what
-    changed during the run is someone else's (the user editing a file, committing, saving a
-    new one), and putting it back would undo their work. Only the files that nothing but the
+    """A Snapshot where the kernel's process could not write the repo (sandbox.seals_the_repo):
+    what changed during the run is someone else's (the user editing a file, committing, saving
+    a new one), and putting it back would undo their work. Only the files that nothing but the
     judge writes (the night's results.tsv) are put back; restore() returns those that had
     changed, and `others` collects the rest, named and left as they are."""
 

@@ -195,6 +195,13 @@ tried("parent", lambda: os.kill(os.getppid(), 0))
     assert not (tmp_path / "beside").exists()
 
 
+def test_only_an_abi_that_handles_truncate_seals_the_repo():
+    """Before Landlock ABI 3 a confined process could still truncate(2) a path: there the judge
+    keeps putting the whole checkout back after a run (autokernel/experiment.py)."""
+    assert [sandbox.seals_the_repo({"abi": abi}) for abi in (None, 1, 2, 3, 7)] == \
+        [False, False, False, True, True]
+
+
 def test_rights_the_running_abi_does_not_know_are_dropped():
     assert sandbox.rights_of(1) == (1 << 13) - 1
     assert sandbox.rights_of(2) & sandbox.REFER and not sandbox.rights_of(2) & sandbox.TRUNCATE
