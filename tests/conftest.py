@@ -25,10 +25,11 @@ del os.environ["AUTOKERNEL_WORKSPACE"]
 # workers finish together.
 LONGEST_FIRST = ["test_bench.py", "test_cuda_backend.py", "test_verify.py", "test_overnight.py",
                  "test_program.py", "test_ops.py", "test_starters.py", "test_sandbox.py",
-                 "test_region_kernels.py", "test_kernels_compute.py", "test_mem_kernels.py",
-                 "test_kernelbench.py", "test_bench_starters.py", "test_hf_models.py",
-                 "test_profile.py", "test_extract.py", "test_export.py", "test_swap.py",
-                 "test_rocm.py", "test_patterns.py"]
+                 "test_generation.py", "test_hf_models.py", "test_region_kernels.py",
+                 "test_mem_kernels.py", "test_kernels_compute.py", "test_kernelbench.py",
+                 "test_bench_starters.py", "test_profile.py", "test_extract.py", "test_fusion.py",
+                 "test_export.py", "test_swap.py", "test_region_layout.py", "test_patterns.py",
+                 "test_rocm.py", "test_swap_graph.py"]
 
 
 def pytest_collection_modifyitems(items):
