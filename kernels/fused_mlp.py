@@ -29,9 +29,10 @@ the device, the tile stored in two column halves), so a tile's epilogue overlaps
 tile's loads; a pointer path honouring any strides otherwise, and tf32x3 dots for fp32 inputs
 (~1e-6 error against the 1e-4 tolerance).
 A generation step's few rows (M <= SKINNY_MAX_M = 16) take a split-K path in both GEMMs: each
-program a 64-column block of one slice of K (slices until ~4 programs per SM: at M = 1 a
-2048-wide down projection would otherwise be 32 programs on 132 SMs), fp32 partial sums, then
-a kernel adding the slices in order with silu(gate) * up or the residual. Not yet measured.
+program a column block of one slice of K (skinny_config: at M = 1 a 2048-wide down projection
+would otherwise be 32 programs on 132 SMs), fp32 partial sums, then a kernel adding the slices
+in order with silu(gate) * up or the residual. On an H100 at Llama-3.2-1B's MLP, M = 1: the
+gated GEMM 25.9 us (86% of the copy bandwidth; cuBLAS 30.4), the down projection 9.1 us.
 Things to try: the down projection in the Gluon kernel, ping-pong tiles for the gated GEMM at
 small K (slower at 64 rows: 324 us at 16384x768x3072), fusing the down projection; at decode,
 the skinny path's tiles and slices per shape, and the down projection started while the gate

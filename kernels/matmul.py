@@ -42,9 +42,10 @@ tiles in flight at once share A row-panels and B column-panels in L2:
   * Skinny path (M <= SKINNY_MAX_M = 16, a generation step's rows, no LayerNorm): split-K. With
     one program per column block, a 2048-wide projection at M = 1 is 32 programs walking all
     of K on 132 SMs, and B, the whole traffic, streams at a fraction of the bandwidth. Here a
-    program takes a 64-column block of one slice of K (slices until ~4 programs per SM) and
-    writes fp32 partial sums for the M real rows; a second kernel adds the slices in a fixed
-    order and applies the epilogue. Not yet measured on a GPU.
+    program takes a 32-column block of one slice of K (slices until ~2 programs per SM:
+    skinny_config) and writes fp32 partial sums for the M real rows; a second kernel adds the
+    slices in a fixed order and applies the epilogue. On an H100 at 2048x2048, M = 1 and 8:
+    5.2 us, cuBLAS 4.9 (benchmarks/skinny_sweep.py).
 
 Bias (F.linear's, transformers' Conv1D's): added in the epilogue, so C makes one trip through
 memory. Each program loads the BLOCK_N bias values of its column block once, after the K loop,
