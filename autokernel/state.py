@@ -309,10 +309,7 @@ class Snapshot:
             if path == but:
                 continue
             if _read(path) != data:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                tmp = Path(path + ".autokernel-restore")
-                tmp.write_bytes(data)
-                tmp.replace(path)
+                _put_back(path, data)
                 changed.append(path)
         gitdir = str(Path(self.root) / ".git")
         known = set(self.files) | set(self.absent)
@@ -335,7 +332,6 @@ class Snapshot:
                 # module writes its .pyc, so an honest run makes new ones too.
                 os.unlink(path)
         return sorted({_rel(p, self.root) for p in changed})
-
 
     def changed(self, but=None):
         """What differs from the snapshot (paths relative to the repo), without touching
@@ -378,9 +374,7 @@ class Confined:
                 if path in self.snapshot.absent and os.path.lexists(path):
                     os.unlink(path)
             elif _read(path) != data:
-                tmp = Path(path + ".autokernel-restore")
-                tmp.write_bytes(data)
-                tmp.replace(path)
+                _put_back(path, data)
         return sorted(changed & own)
 
 
@@ -391,6 +385,14 @@ class Untouched:
 
     def restore(self, but=None):
         return []
+
+
+def _put_back(path, data):
+    """The file's bytes as the snapshot holds them (written aside, then moved in place)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path + ".autokernel-restore")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def _rel(path, root):
