@@ -68,7 +68,8 @@ def run(args):
         for line in others_changed(snapshot):
             print(f"note: {line}")
         if changed:
-            outcome.update(correctness="FAIL", reason=tampered(changed, confined))
+            outcome.update(correctness="FAIL",
+                           reason=tampered(changed, isinstance(snapshot, state.Confined)))
         elif strays:  # the kernel's work is the call it is judged on, nothing that outlives it
             outcome.update(correctness="FAIL", reason=left_running(strays))
         outcome["sandbox"] = sandbox.describe(confinement)
