@@ -117,7 +117,7 @@ def test_extract_writes_top_regions_beside_the_types(extracted):
 def test_a_region_without_a_starter_gives_its_place_to_the_next(extracted, tmp_path):
     """--top 1 where the top candidate is the region without a starter (the mean, moved first in
     a copy of the profile): the next candidate is written in its place."""
-    work, _, _ = extracted
+    work, every, _ = extracted
     profile = json.loads((work / "profile.json").read_text())
     mean = next(e for e in profile["entries"] if e.get("group") == "region"
                 and "mean" in e["region"]["ops"])
@@ -127,7 +127,11 @@ def test_a_region_without_a_starter_gives_its_place_to_the_next(extracted, tmp_p
                  str(tmp_path), "--top", "1")
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert "skipped region Model:" in stdout and len(plan["kernels"]) == 1, stdout
-    assert plan["kernels"][0]["rank"] == 2 and plan["kernels"][0]["name"].startswith("block_")
+    # the next candidate is the one --top 5 wrote first: which region that is depends on
+    # the CPU's timings (the conv block or the diffusion half-block), so it is read, not named
+    written, first = plan["kernels"][0], every["kernels"][0]
+    assert written["rank"] == 2 and written["ops"] == first["ops"], (written, first)
+    assert written["region"]["id"] == first["region"]["id"]
 
 
 def judged(path):
