@@ -203,6 +203,9 @@ def kind_of(n):
     name = op(n)
     if name in LIBRARY:
         return "library"
+    if name == "getitem" and _tensor_index(n):
+        raise StarterError("indexing with a tensor (a gather: no generated code for it yet; "
+                           "write this region's kernel by hand)")
     if name in VIEWS:
         return "view"
     if name in DROPOUTS and arg(n, 2, "training", "alpha" not in name) and arg(n, 1, "p", 0.5):
@@ -220,6 +223,13 @@ def kind_of(n):
         return "special"
     raise StarterError(f"{name or n.target} (no generated code for it yet: write this "
                        f"region's kernel by hand)")
+
+
+def _tensor_index(n):
+    """Whether a getitem's index holds a tensor (x[idx], x[:, mask]): a gather, not a view."""
+    found = []
+    map_arg(n.args[1:], lambda a: found.append(meta(a) is not None))
+    return any(found)
 
 
 # ---- grouping: neighbouring elementwise calls of one shape become one kernel ---------------

@@ -240,10 +240,16 @@ def test_generated_kernels_compute_what_the_reference_computes(tmp_path, what):
         assert g.shape == w.shape and torch.allclose(g.float(), w.float(), atol=1e-5), what
 
 
-def test_a_call_with_no_generated_code_is_named(tmp_path):
+@pytest.mark.parametrize("body, says", [
+    ("return torch.softmax(in0, -1)", "softmax"),
+    # x[tensor] is aten.index, not a view (Swin's relative position bias reads its table at
+    # an index buffer): left to torch, the starter would fail its own gate
+    ("return in0.flatten()[(in1 > 0).flatten()] * 2", "indexing with a tensor"),
+])
+def test_a_call_with_no_generated_code_is_named(tmp_path, body, says):
     path = tmp_path / "reference.py"
-    path.write_text(REFERENCE.replace("{body}", "return torch.softmax(in0, -1)"))
-    with pytest.raises(region_starter.StarterError, match="softmax"):
+    path.write_text(REFERENCE.replace("{body}", body))
+    with pytest.raises(region_starter.StarterError, match=says):
         region_starter.starter_source(path, {"doc": "", "contract": ""})
 
 
