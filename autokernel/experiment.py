@@ -13,7 +13,7 @@ import torch
 
 import autokernel as ak
 from autokernel import (contract, gate, kinds, region_kind, results, sandbox, source_check, state,
-                        workspace)
+                        workspace, zygote)
 from autokernel import git as g
 from autokernel.cli import UsageError, one_line
 from autokernel.judge import (COMPILE_LIMIT_S, STARTUP_LIMIT_S, ChildGone,
@@ -27,6 +27,7 @@ KEPT_NAME = ak.WORKSPACE / "kept_version.py"  # names the kept version's source 
 def run(args):
     started = time.monotonic()
     refuse_cuda_without_gpu(args)
+    zygote.start()  # before any torch compute (CPU only: autokernel/zygote.py)
     # A re-gate records nothing, so re-gates may run side by side (verify.py runs them so):
     # each has its own child log and no crash record, and leaves any record of a killed run
     # that records to the next bench.py that does. Under the sandbox it puts nothing back

@@ -3,7 +3,9 @@ The judge's side of the untrusted kernel process, and its measurement: what benc
 KernelBench scorer (autokernel/kernelbench_score.py) both run.
 
     ChildRunner   a kernel file in its own process (autokernel/child.py), driven over a pipe;
-                  replies are JSON, every wait has a limit; ChildGone when it times out or dies
+                  replies are JSON, every wait has a limit; ChildGone when it times out or dies.
+                  The process is spawned, or, on a machine without a GPU where the judge
+                  started one, forked by its zygote (autokernel/zygote.py)
     measure       paired rounds against the kept version on the judge's clock
                   (autokernel/timing.py), the child's own report cross-checked against it
     timing_case   what the timing runs on (the plan's kind says: autokernel/kinds.py)
@@ -25,7 +27,7 @@ import torch
 import torch.multiprocessing
 
 import autokernel as ak
-from autokernel import child, kinds, results, sandbox, state, timing
+from autokernel import child, kinds, results, sandbox, state, timing, zygote
 from autokernel.cli import one_line
 
 STARTUP_LIMIT_S = 60 if ak.CUDA else 180  # a child importing torch and the kernel file
@@ -84,11 +86,13 @@ class ChildRunner:
             self.log.write_text("")
         self.sandbox = sandbox.prepare(source.encode() if source is not None
                                        else Path(kernel_path).read_bytes())
-        self.proc = ctx.Process(target=child.serve, daemon=False,
-                                args=(child_conn, self.kernel_path, str(self.log), source,
-                                      self.sandbox))
-        with sandbox.spawned_with(self.sandbox), main_named_as_the_child():
-            self.proc.start()
+        args = (self.kernel_path, str(self.log), source, self.sandbox)
+        forks = zygote.running()  # the CPU's judges fork children with torch already imported
+        self.proc = forks and forks.fork(child_conn, args, sandbox.environment(self.sandbox))
+        if self.proc is None:  # no zygote, or an unconfined kernel killed it
+            self.proc = ctx.Process(target=child.serve, args=(child_conn, *args), daemon=False)
+            with sandbox.spawned_with(self.sandbox), main_named_as_the_child():
+                self.proc.start()
         child_conn.close()
         ChildRunner.started.append(self)
         self.hello = None
@@ -118,7 +122,8 @@ class ChildRunner:
 
     def alone(self):
         """Every other process below the judge stopped while this child's window is timed."""
-        return state.others_stopped(self.proc.pid)
+        forks = zygote.running()  # the zygote answers the judge's exit-code asks meanwhile
+        return state.others_stopped(self.proc.pid, also=[forks.pid] if forks else [])
 
     def ping(self):
         return self.request(("ping",))

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import autokernel as ak
-from autokernel import gate, kernelbench, source_check, state
+from autokernel import gate, kernelbench, source_check, state, zygote
 from autokernel.cli import UsageError, describe, one_line
 from autokernel.contract import KernelFileError
 from autokernel.judge import (CHILD_LOG, ChildGone, ChildRunner, left_running, measure,
@@ -72,6 +72,7 @@ def natural(path):
 def score(problems_dir, solutions_dir, dtype="fp32", timeout=180.0, call_timeout=None,
           compile_mode=kernelbench.COMPILE_MODE, log=print):
     """Judge every problem's solution; returns the report (the JSON above)."""
+    zygote.start()  # before any torch compute (CPU only: autokernel/zygote.py)
     pairs, extra = match(problems_dir, solutions_dir)
     for name in extra:
         log(f"note: {name} matches no problem file; not judged")

@@ -129,16 +129,16 @@ def descendants(pid=None, parents=None):
 
 
 @contextlib.contextmanager
-def others_stopped(keep):
-    """Every process below this one stopped (SIGSTOP) but `keep` and the processes below it,
-    and continued (SIGCONT) on leaving: while one kernel's window is on the clock, no other
+def others_stopped(keep, also=()):
+    """Every process below this one stopped (SIGSTOP) but `keep` and the processes below it
+    (and the pids `also`, not below them), and continued (SIGCONT) on leaving: while one kernel's window is on the clock, no other
     kernel's process (nor anything it started, in any session) can take a CPU or launch GPU
     work. Scans again until a scan finds nothing new (a process may fork meanwhile)."""
     stopped = set()
     try:
         for _ in range(10):
             parents = _parents()  # one read of /proc for both trees
-            spared = {keep, *descendants(keep, parents)}
+            spared = {keep, *descendants(keep, parents), *also}
             new = [p for p in descendants(None, parents) if p not in spared and p not in stopped]
             if not new:
                 break
@@ -189,6 +189,9 @@ def end_strays(helpers=()):
     process group: in a session of its own, say). Call it once the children are stopped."""
     strays = [p for p in descendants() if p not in helpers]
     found = [command_line(p) for p in strays]
+    for pid in strays:  # those below a helper (the zygote's children) too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     kill_descendants(spare=helpers)
     return [c for c in found if c is not None]
 
