@@ -32,6 +32,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 import autokernel as ak
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 POLL_S = 0.02  # the zygote's reaping period and the judge's wait between exit-code asks
 _ZYGOTE = None
 
@@ -122,7 +123,9 @@ def _code(status):
 def _serve(conn):
     """Answer the judge until it closes the pipe or dies; reap every child meanwhile."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the judge's to handle
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc.prctl(PR_SET_NAME, b"ak-zygote")  # ps -o comm tells it from the judge (same cmdline)
     if os.getppid() == 1:  # the judge died before the line above
         return
     devnull = os.open(os.devnull, os.O_RDWR)
