@@ -20,7 +20,9 @@ new kernel_fn (a registered op cannot be re-registered, and its schema depends o
 """
 import hashlib
 import inspect
+import itertools
 import re
+import weakref
 from contextlib import contextmanager
 from typing import Optional
 
@@ -174,6 +176,48 @@ def _register(name, kernel_type):
     op.register_fake(fake)
     op.register_autograd(_backward(ktype, names), setup_context=_setup_context)
     return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+# ---- region kernels -----------------------------------------------------------------------
+# A region kernel's ModelNew, plugged into a module instance (autokernel/swap_regions.py), is one
+# op per kernel file: (the forward's tensors, a call key) -> the output's tensors. The key names
+# one instance and input signature, checked eagerly first: its real body (the instance's
+# ModelNew on these tensors) and its outputs' shapes, strides and dtypes (the fake's, since a
+# region kernel is specialized to its shapes). Bodies are held weakly: by their swap.
+_region_bodies = weakref.WeakValueDictionary()  # key -> body(tensors) -> [tensor, ...]
+_region_specs = {}  # key -> [(shape, stride, dtype, device), ...]
+_region_keys = itertools.count()
+
+
+def region_op(kernel):
+    """torch.ops.autokernel.<op_name(kernel)>.default for a region kernel, registered on first
+    use: op(tensors, key) -> [tensor, ...]."""
+    name = op_name(kernel)
+    if name not in _ops:
+        def body(tensors: list[torch.Tensor], key: int) -> list[torch.Tensor]:
+            with running():
+                outs = _region_bodies[key](tensors)
+            # custom_op forbids an output that aliases an input (a region returning a view)
+            inputs = {t.untyped_storage().data_ptr() for t in tensors}
+            return [o.clone() if o.untyped_storage().data_ptr() in inputs else o for o in outs]
+
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
+
+        def fake(tensors, key):
+            return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                    for shape, stride, dtype, device in _region_specs[key]]
+        op.register_fake(fake)
+        _ops[name] = getattr(getattr(torch.ops, NAMESPACE), name).default
+    return _ops[name]
+
+
+def region_call(body, outputs):
+    """A key for region_op: `body` (held weakly: the caller keeps it) and the outputs the
+    eager check saw, whose shapes, strides and dtypes the fake gives."""
+    key = next(_region_keys)
+    _region_bodies[key] = body
+    _region_specs[key] = [(tuple(o.shape), o.stride(), o.dtype, o.device) for o in outputs]
+    return key
 
 
 def _setup_context(ctx, inputs, output):

@@ -43,7 +43,8 @@ The rules (SWAP_RULES, one entry per kernel type):
     there, one entry per type). Eager and inside torch.compile.
   * Region kernels (a ModelNew for a piece of the model's own code) replace the forward of each
     module instance the plan names, on the instance's own parameters, once a first call agrees
-    with the module's own forward (autokernel/swap_regions.py); eager swaps only, for now.
+    with the module's own forward (autokernel/swap_regions.py); inside torch.compile, one
+    custom op per call.
   * Glue outside the kernels is torch and is counted in the timings: non-contiguous arguments
     are copied to contiguous ones, cos/sin tables are sliced and cast. Weights for the matmul
     kernel are transposed to contiguous [K, N] copies, their rows padded to 128 bytes, ONCE per
@@ -190,7 +191,7 @@ class Swap:
             if self.active(ktype):
                 for patcher in rule.patches:
                     patches += patcher(self, model)
-        if self.regions and not self.compiled:  # each instance's forward (swap_regions.py)
+        if self.regions:  # each instance's forward (swap_regions.py)
             patches += swap_regions.patches(self, model)
         # Last, on the model's first forward: computations it writes out as torch ops that a
         # type's kernel takes, plugged into its graph (autokernel/swap_graph.py).

@@ -18,11 +18,19 @@ call counted. Where the region is all a child module computes (a torch.nn conv i
 also runs a kernel type: profile.json's "plug"), that child's forward is the one replaced, its
 tensors named as the region's module names them. A region kernel none of whose instances could
 be plugged is "not plugged" in verify.py's report (with the reasons), not a failure: plugging a
-region that is part of a forward needs the graph-level swap that is not built yet. Inside
-torch.compile region kernels are not plugged in yet either (a compiled swap leaves them out).
+region that is part of a forward needs the graph-level swap that is not built yet.
+
+Inside torch.compile (a compiled swap: verify.py runs the model once eagerly inside the swap,
+then compiles it), each instance's forward is traced by Dynamo and calls the kernel's custom op
+(autokernel/ops.py, region_op) on its tensors, one opaque node: the op's body is ModelNew on the
+instance's tensors as above, its fake gives the outputs the eager call saw. Only inputs whose
+signature (shapes, strides, dtypes, other arguments) an eager call ran go through the op;
+any other runs the module's own forward in the graph.
 """
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from autokernel import ops
 from autokernel.kernel_types import TOLERANCES
 from autokernel.regions import attribute_name
 
@@ -45,7 +53,8 @@ def patches(swap, model):
 def instance_forward(swap, kernel, module, path):
     """The instance's forward with the region kernel in it (module docstring)."""
     original = module.forward
-    state = {"checked": False, "why": None, "new": None, "tensors": None}
+    state = {"checked": False, "why": None, "new": None, "tensors": None, "ops": {},
+             "bodies": []}
 
     def tensors():
         """ModelNew's parameters and buffers by name -> the instance's own tensors."""
@@ -72,6 +81,9 @@ def instance_forward(swap, kernel, module, path):
         return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
 
     def forward(*args, **kwargs):
+        if torch.compiler.is_compiling():  # traced by Dynamo: the op of these inputs, if any
+            call = state["ops"].get(signature(args, kwargs))
+            return original(*args, **kwargs) if call is None else call(args, kwargs)
         if state["why"] is not None:
             return original(*args, **kwargs)
         if not state["checked"]:
@@ -81,9 +93,37 @@ def instance_forward(swap, kernel, module, path):
                 state["why"] = why
                 swap.fallback(kernel.name, f"at {kernel.site(path) or 'the model'}: {why}")
                 return original(*args, **kwargs)
+        out = count(run(args, kwargs))
+        if swap.compiled:  # the op the compiled forward calls for inputs of this signature
+            key = signature(args, kwargs)
+            if key is not None and key not in state["ops"]:
+                state["ops"][key] = compiled_call(args, kwargs, out)
+        return out
+
+    def count(out):
         swap.calls[kernel.name] += 1
         swap.shapes[kernel.name].add(kernel.site(path) or "the model")
-        return run(args, kwargs)
+        return out
+
+    def compiled_call(args, kwargs, out):
+        """call(args, kwargs) for the compiled forward: the region op on the inputs' tensors,
+        its outputs put back in the structure ModelNew returned."""
+        leaves, spec = tree_flatten((args, kwargs))
+        slots = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        outs, out_spec = tree_flatten(out)
+
+        def body(tensors):
+            filled = list(leaves)
+            for i, t in zip(slots, tensors):
+                filled[i] = t
+            return tree_flatten(count(run(*tree_unflatten(filled, spec))))[0]
+        state["bodies"].append(body)  # ops.py holds it weakly
+        key, op = ops.region_call(body, outs), ops.region_op(kernel)
+
+        def call(args, kwargs):
+            tensors = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
+            return tree_unflatten(op(tensors, key), out_spec)
+        return call
 
     def check(args, kwargs):
         """None where ModelNew computes what the instance's forward does on these inputs."""
@@ -106,6 +146,22 @@ def instance_forward(swap, kernel, module, path):
         return disagreement(got, want)
 
     return forward
+
+
+def signature(args, kwargs):
+    """What a compiled call is keyed by: each tensor's shape, strides and dtype and every other
+    argument's value (a region kernel is specialized to its shapes); None for an argument of
+    another kind (such a forward keeps its own code inside torch.compile)."""
+    leaves, spec = tree_flatten((args, kwargs))
+    key = [len(args), tuple(kwargs)]
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            key.append((tuple(v.shape), v.stride(), v.dtype))
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            key.append(v)
+        else:
+            return None
+    return tuple(key)
 
 
 def disagreement(got, want):

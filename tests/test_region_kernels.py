@@ -273,6 +273,36 @@ def test_verify_plugs_whole_module_regions_in_and_names_the_rest(extracted):
     assert report["passed"] and "verdict: PASS" in out, out[-2000:]
 
 
+def test_whole_module_regions_run_inside_torch_compile_as_one_op_each(extracted):
+    """A compiled swap (verify.py's torch.compile with the kernels inside) plugs the regions in
+    as custom ops: after the eager forward that checks each instance, the compiled forward has
+    no graph break, calls each region kernel once, and gives the model's outputs."""
+    from autokernel import verify_run
+    from autokernel.swap import Swap
+    from autokernel.verify_select import load_kernel
+    work, plan, _ = extracted
+    entries = [k for k in plan["kernels"]
+               if k["name"].startswith(("block_", "groupnormsiluconv_"))]
+    kernels = [load_kernel(work / f"{k['name']}.py", k["name"], instances=k["region"]["instances"],
+                           plug=k["region"]["plug"]) for k in entries]
+    problem = load_module(work / "net.py")
+    model, inputs = problem.Model().eval(), problem.get_inputs()
+    swap = Swap(kernels, compiled=True)
+    try:
+        with torch.no_grad(), swap.installed(model):
+            want = model(*inputs)  # eager: each instance checked against its own forward
+            assert verify_run.graph_breaks(model, inputs) == 0
+            compiled = torch.compile(model, backend="aot_eager")
+            compiled(*inputs)
+            swap.reset()
+            got = compiled(*inputs)
+    finally:
+        torch._dynamo.reset()
+    assert len(kernels) == 2 and {k.name: swap.calls[k.name] for k in kernels} == \
+        {k.name: 1 for k in kernels}, dict(swap.calls)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_a_night_on_a_region_keeps_it_with_its_library_calls_named(tmp_path):
     """The loop as program.md runs it, on a region: orchestrate.py installs it as kernel.py and
     bench.py judges, keeps and commits it like any kernel."""
