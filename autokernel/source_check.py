@@ -37,6 +37,10 @@ ALLOWED_TORCH = frozenset(
     ["torch." + n for n in ("empty", "empty_like", "empty_strided", "zeros", "zeros_like",
                             "ones", "ones_like", "full", "full_like", "arange", "tensor",
                             "randn", "rand", "randint", "no_grad", "inference_mode")]
+    # views, as functions (a region starter keeps its reference's torch.flatten(x, 1))
+    + ["torch." + n for n in ("flatten", "unflatten", "reshape", "permute", "transpose", "t",
+                              "squeeze", "unsqueeze", "movedim", "narrow", "select", "chunk",
+                              "split", "unbind")]
     # dtypes and metadata
     + ["torch." + n for n in ("float16", "half", "bfloat16", "float32", "float", "float64",
                               "double", "int8", "uint8", "int16", "short", "int32", "int",
