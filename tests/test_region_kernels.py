@@ -145,7 +145,9 @@ def test_in_process_the_starters_pass_and_their_convolutions_are_counted(extract
     for k in plan["kernels"]:
         if k["kernel_type"] != "region":
             continue
-        result = judged(work / k["file"].split("/")[-1])
+        path = work / k["file"].split("/")[-1]
+        assert source_check.refusal(path) is None, k["name"]  # bench.py reads it first
+        result = judged(path)
         assert result["correctness"] == "PASS", (k["name"], result["reason"])
         assert result["stages"]["edge"] == "skipped"  # a region fixes its shapes
         if "conv2d" in k["ops"]:  # each of its convolutions, one library call a forward
