@@ -10,8 +10,9 @@ Only where ModelNew keeps a tensor in another layout (a starter's convolution we
 channels_last) is the instance's tensor copied, once, into that layout.
 
 A region may be only part of its module's forward (the calls of a kernel type inside the same
-module are not in it). So the first call of each instance runs both the module's own forward and
-ModelNew on the same inputs, in eager mode: where the outputs differ beyond the dtype's tolerance
+module are not in it). So the first call of each instance with inputs of a new signature (shapes,
+strides, dtypes, other arguments) runs both the module's own forward and ModelNew on the same
+inputs, in eager mode: where the outputs differ beyond the dtype's tolerance
 (or ModelNew does not take these inputs), the instance keeps its own forward for good and the
 reason is counted as the kernel's fallback; where they agree, ModelNew runs from then on, each
 call counted. Where the region is all a child module computes (a torch.nn conv in a block that
@@ -53,8 +54,8 @@ def patches(swap, model):
 def instance_forward(swap, kernel, module, path):
     """The instance's forward with the region kernel in it (module docstring)."""
     original = module.forward
-    state = {"checked": False, "why": None, "new": None, "tensors": None, "ops": {},
-             "bodies": []}
+    # checked: input signature -> its frame (None: ModelNew's output is the forward's)
+    state = {"checked": {}, "why": None, "new": None, "tensors": None, "ops": {}, "bodies": []}
 
     def tensors():
         """ModelNew's parameters and buffers by name -> the instance's own tensors."""
@@ -81,33 +82,31 @@ def instance_forward(swap, kernel, module, path):
         return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
 
     def forward(*args, **kwargs):
+        key = signature(args, kwargs)
         if torch.compiler.is_compiling():  # traced by Dynamo: the op of these inputs, if any
-            call = state["ops"].get(signature(args, kwargs))
+            call = state["ops"].get(key)
             return original(*args, **kwargs) if call is None else call(args, kwargs)
         if state["why"] is not None:
             return original(*args, **kwargs)
-        if not state["checked"]:
-            why = check(args, kwargs)
-            state["checked"] = True
+        if key not in state["checked"]:  # (None: arguments of other kinds, checked once)
+            why = check(args, kwargs, key)
             if why is not None:
                 state["why"] = why
                 swap.fallback(kernel.name, f"at {kernel.site(path) or 'the model'}: {why}")
                 return original(*args, **kwargs)
         out = count(run(args, kwargs))
-        if swap.compiled:  # the op the compiled forward calls for inputs of this signature
-            key = signature(args, kwargs)
-            if key is not None and key not in state["ops"]:
-                state["ops"][key] = compiled_call(args, kwargs, out)
-        return out
+        if swap.compiled and key is not None and key not in state["ops"]:
+            state["ops"][key] = compiled_call(args, kwargs, out, state["checked"][key])
+        return framed(out, state["checked"][key])
 
     def count(out):
         swap.calls[kernel.name] += 1
         swap.shapes[kernel.name].add(kernel.site(path) or "the model")
         return out
 
-    def compiled_call(args, kwargs, out):
+    def compiled_call(args, kwargs, out, frame):
         """call(args, kwargs) for the compiled forward: the region op on the inputs' tensors,
-        its outputs put back in the structure ModelNew returned."""
+        its outputs put back in the structure ModelNew returned, in the forward's frame."""
         leaves, spec = tree_flatten((args, kwargs))
         slots = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
         outs, out_spec = tree_flatten(out)
@@ -122,30 +121,63 @@ def instance_forward(swap, kernel, module, path):
 
         def call(args, kwargs):
             tensors = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
-            return tree_unflatten(op(tensors, key), out_spec)
+            return framed(tree_unflatten(op(tensors, key), out_spec), frame)
         return call
 
-    def check(args, kwargs):
-        """None where ModelNew computes what the instance's forward does on these inputs."""
-        try:
-            first = next(t for t in [*module.parameters(), *module.buffers()])
-            state["new"] = kernel.fn().to(device=first.device, dtype=first.dtype)
-        except StopIteration:
-            state["new"] = kernel.fn()
-        except Exception as e:  # noqa: BLE001  (the kernel's own failure, named)
-            return f"ModelNew() raised {type(e).__name__}: {e}"
-        state["tensors"], why = tensors()
-        if why:
-            return why
+    def check(args, kwargs, key):
+        """None where ModelNew computes what the instance's forward does on these inputs (and
+        their frame recorded), else why not."""
+        if state["new"] is None:
+            try:
+                first = next(t for t in [*module.parameters(), *module.buffers()])
+                state["new"] = kernel.fn().to(device=first.device, dtype=first.dtype)
+            except StopIteration:
+                state["new"] = kernel.fn()
+            except Exception as e:  # noqa: BLE001  (the kernel's own failure, named)
+                return f"ModelNew() raised {type(e).__name__}: {e}"
+            state["tensors"], why = tensors()
+            if why:
+                return why
         want = original(*args, **kwargs)
         try:
             got = run(args, kwargs)
         except Exception as e:  # noqa: BLE001
             return (f"ModelNew does not take this forward's inputs ({type(e).__name__}: "
                     f"{str(e)[:120]}): the region is only part of the module's forward")
-        return disagreement(got, want)
+        frame = frame_of(got, want)
+        why = disagreement(got, want if frame is None else want[frame[2]])
+        if why is None:
+            state["checked"][key] = frame
+        return why
 
     return forward
+
+
+def frame_of(got, want):
+    """Where the forward returns ModelNew's tensor beside plain values (Swin's patch embeddings:
+    (embeddings, (height, width))): (the forward's sequence type, its items, the tensor's
+    place); else None. The plain values are the forward's own for inputs of that signature."""
+    if not isinstance(want, (tuple, list)) or not isinstance(got, torch.Tensor):
+        return None
+    places = [i for i, w in enumerate(want) if isinstance(w, torch.Tensor)]
+    if len(places) != 1 or not all(_plain(w) for i, w in enumerate(want) if i != places[0]):
+        return None
+    return type(want), list(want), places[0]
+
+
+def _plain(value):
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def framed(out, frame):
+    if frame is None:
+        return out
+    kind, items, place = frame
+    items = list(items)
+    items[place] = out
+    return kind(items)
 
 
 def signature(args, kwargs):

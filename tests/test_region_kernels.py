@@ -305,6 +305,69 @@ def test_whole_module_regions_run_inside_torch_compile_as_one_op_each(extracted)
     assert torch.allclose(got, want, atol=1e-5)
 
 
+class PatchEmbed(torch.nn.Module):  # transformers' Swin: (embeddings, (height, width))
+    def __init__(self):
+        super().__init__()
+        self.projection = torch.nn.Conv2d(3, 8, 4, stride=4)
+
+    def forward(self, x):
+        y = self.projection(x)
+        return y.flatten(2).transpose(1, 2), (y.shape[2], y.shape[3])
+
+
+class Embedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = PatchEmbed()
+
+    def forward(self, x):
+        e, (h, w) = self.embed(x)
+        return e.reshape(e.shape[0], h, w, -1).sum(-1)
+
+
+class PatchEmbedNew(torch.nn.Module):  # the region a kernel computes: conv, flatten, transpose
+    def __init__(self):
+        super().__init__()
+        self.projection_weight = torch.nn.Parameter(torch.empty(8, 3, 4, 4))
+        self.projection_bias = torch.nn.Parameter(torch.empty(8))
+
+    def forward(self, x):
+        y = torch.conv2d(x, self.projection_weight, self.projection_bias, 4)
+        return y.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_forward_returning_the_region_beside_plain_values_gets_it_in_place(compiled):
+    """Swin's patch embeddings return (embeddings, (height, width)): the region is the tensor,
+    the sizes are the forward's own for inputs of that signature (each new one checked
+    first), eager and inside torch.compile."""
+    from pathlib import Path
+
+    from autokernel import verify_run
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    model = Embedded().eval()
+    kernel = Kernel("patchembed_1", "region", Path("patchembed_1.py"), PatchEmbedNew, [], False,
+                    ["embed"], "")
+    swap = Swap([kernel], compiled=compiled)
+    inputs = [torch.randn(2, 3, 16, 16), torch.randn(1, 3, 8, 24)]
+    try:
+        with torch.no_grad(), swap.installed(model):
+            got = [model(x) for x in inputs]
+            if compiled:
+                assert verify_run.graph_breaks(model, inputs[:1]) == 0
+                run = torch.compile(model, backend="aot_eager")
+                [run(x) for x in inputs]
+                swap.reset()
+                got = [run(x) for x in inputs]
+    finally:
+        torch._dynamo.reset()
+    assert swap.calls["patchembed_1"] == 2 and not swap.fallbacks["patchembed_1"], swap.fallbacks
+    with torch.no_grad():
+        for x, y in zip(inputs, got):
+            assert torch.allclose(y, model(x), atol=1e-5)
+
+
 def test_a_night_on_a_region_keeps_it_with_its_library_calls_named(tmp_path):
     """The loop as program.md runs it, on a region: orchestrate.py installs it as kernel.py and
     bench.py judges, keeps and commits it like any kernel."""
