@@ -187,8 +187,9 @@ def signature(args, kwargs):
     leaves, spec = tree_flatten((args, kwargs))
     key = [len(args), tuple(kwargs)]
     for v in leaves:
-        if isinstance(v, torch.Tensor):
-            key.append((tuple(v.shape), v.stride(), v.dtype))
+        if isinstance(v, torch.Tensor):  # a size-1 dim's stride is any (traced or not)
+            key.append((tuple(v.shape), tuple(st if n > 1 else 0
+                                              for n, st in zip(v.shape, v.stride())), v.dtype))
         elif v is None or isinstance(v, (bool, int, float, str)):
             key.append(v)
         else:

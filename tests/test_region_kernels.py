@@ -368,6 +368,22 @@ def test_a_forward_returning_the_region_beside_plain_values_gets_it_in_place(com
             assert torch.allclose(y, model(x), atol=1e-5)
 
 
+def test_a_compiled_call_is_keyed_by_what_the_kernel_reads():
+    """Size-1 dims' strides are any (MobileNetV2's 1x1 tail: Dynamo's traced conv output had
+    other ones than the eager tensor, so the compiled forward found no op and ran the module's
+    own code); the others, the shape and the dtype, and every other argument, count."""
+    from autokernel.swap_regions import signature
+    x = torch.randn(1, 240, 1, 1)
+    y = torch.empty_strided((1, 240, 1, 1), (240, 1, 240, 240))
+    assert signature((x,), {}) == signature((y,), {})
+    assert signature((x,), {}) != signature((x.half(),), {})
+    assert signature((x.view(1, 240),), {}) != signature((x,), {})
+    z = torch.randn(2, 3)
+    assert signature((z,), {}) != signature((z.t().contiguous().t(),), {})
+    assert signature((z,), {"scale": 2}) != signature((z,), {"scale": 3})
+    assert signature((z, object()), {}) is None  # such a forward keeps its own code compiled
+
+
 def test_a_night_on_a_region_keeps_it_with_its_library_calls_named(tmp_path):
     """The loop as program.md runs it, on a region: orchestrate.py installs it as kernel.py and
     bench.py judges, keeps and commits it like any kernel."""
