@@ -2,7 +2,8 @@
 The layouts a region starter's kernels are written for (autokernel/region_starter.py), and the
 kernels written whole rather than as a run of elementwise lines: a norm's (GroupNorm,
 InstanceNorm: statistics over a group of channels, then the fused calls), a pooling window, a
-cat, a constant pad, and the copy of an input into the traced layout.
+cat, a constant pad, a reduction (one program a row of the kept dims), and the copy of an input
+into the traced layout.
 
 Every kernel's index math has the traced shapes and strides as constants (ShapeProp's, on the
 reference). A region with a 2-d convolution is traced in channels_last (NHWC: where cuDNN's
@@ -14,6 +15,7 @@ math assumes (a size-1 dim's stride is never read, so it is not checked).
 """
 import math
 
+import torch
 from torch.fx import Node
 
 from autokernel.fx_vocabulary import arg, op
@@ -400,5 +402,88 @@ def pad_code(index, n):
     return "\n".join(lines), "\n".join(launcher), [x], [n]
 
 
+def _walk(var, shape, strides):
+    """The address of element `var` (a flat row-major index over `shape`) under `strides`, the
+    sizes as constants: one term a dim that is not 1."""
+    terms, inner = [], math.prod(shape)
+    for size, stride in zip(shape, strides):
+        inner //= size
+        if size == 1:
+            continue
+        at = var if inner == 1 else f"({var} // {inner})"
+        at = at if inner * size == math.prod(shape) else f"({at} % {size})"
+        terms.append(at if stride == 1 else f"{at} * {stride}")
+    return " + ".join(terms) or "0"
+
+
+# The reductions a region kernel computes itself: the value its masked lanes load (the
+# reduction's identity) and how a row's block folds into the accumulator.
+REDUCED = {"sum": ("0.0", "acc + v", "tl.sum"), "mean": ("0.0", "acc + v", "tl.sum"),
+           "amax": ('float("-inf")', "tl.maximum(acc, v)", "tl.max"),
+           "amin": ('float("inf")', "tl.minimum(acc, v)", "tl.min")}
+
+
+def reduce_code(index, n):
+    """sum, mean, amax, amin over one or several dims (keepdim or not: a CNN's head is a mean
+    over H and W) and softmax, log_softmax over one dim: one program a row (an element of the
+    kept dims), its reduced elements walked RBLOCK at a time in fp32 with any strides. softmax
+    takes three walks: the row's max, the sum of exponentials, then the outputs."""
+    name, x = op(n), arg(n, 0, "input")
+    (x_shape, x_strides), (out_shape, out_strides) = meta(x), meta(n)
+    rank, softmax = len(x_shape), name in ("softmax", "log_softmax")
+    dims = arg(n, 1, "dim")
+    if n.kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in n.args):
+        raise StarterError(f"{name} with a dtype (write this region's kernel by hand)")
+    if softmax and not isinstance(dims, int):
+        raise StarterError(f"{name} over dim {dims!r}")
+    dims = range(rank) if dims is None else dims if isinstance(dims, (list, tuple)) else [dims]
+    dims = sorted({d % rank for d in dims})
+    kept = [d for d in range(rank) if d not in dims]
+    R, rows = math.prod(x_shape[d] for d in dims), math.prod(x_shape[d] for d in kept)
+    if not dense(out_shape, out_strides):
+        out_strides = contiguous(out_shape)
+    reduced = ([x_shape[d] for d in dims], [x_strides[d] for d in dims])
+    row_in = _walk("row", [x_shape[d] for d in kept], [x_strides[d] for d in kept])
+    place = kept if softmax or len(out_shape) == rank else range(len(kept))
+    row_out = _walk("row", [x_shape[d] for d in kept], [out_strides[p] for p in place])
+    rblock = min(triton_pow2(R), 1024)
+    lines = ["@triton.jit", f"def _reduce_{index}(x, out, RBLOCK: tl.constexpr):",
+             f'    """{name} of {tuple(x_shape)} over dims {dims}: one program a row of '
+             f'{R} elements."""',
+             "    row = tl.program_id(0)", f"    x = x + {row_in}", f"    out = out + {row_out}"]
+
+    def walk(body, other):
+        return [f"    for r0 in range(0, {R}, RBLOCK):", "        r = r0 + tl.arange(0, RBLOCK)",
+                f"        v = tl.load(x + {_walk('r', *reduced)}, mask=r < {R}, "
+                f"other={other}).to(tl.float32)", *[f"        {b}" for b in body]]
+    if softmax:
+        lines += ['    acc = tl.full([RBLOCK], float("-inf"), tl.float32)',
+                  *walk(["acc = tl.maximum(acc, v)"], 'float("-inf")'),
+                  "    top = tl.max(acc, axis=0)", "    acc = tl.zeros([RBLOCK], tl.float32)",
+                  *walk(["acc += tl.exp(v - top)"], 'float("-inf")'),
+                  "    total = tl.sum(acc, axis=0)",
+                  *walk(["y = tl.exp(v - top) / total" if name == "softmax" else
+                         "y = v - top - tl.log(total)",
+                         f"tl.store(out + {_walk('r', reduced[0], [out_strides[d] for d in dims])}"
+                         f", y, mask=r < {R})"], "0.0")]
+    else:
+        identity, fold, finish = REDUCED[name]
+        lines += [f"    acc = tl.full([RBLOCK], {identity}, tl.float32)",
+                  *walk([f"acc = {fold}"], identity),
+                  f"    y = {finish}(acc, axis=0)" + (f" / {R}" if name == "mean" else ""),
+                  "    tl.store(out, y)"]
+    launcher = [f"def kernel_{index}(x0):", f'    """{name}: one Triton kernel."""',
+                *layout_check(f"kernel_{index}", [x]),
+                f"    out = {allocation(out_shape, out_strides, 'x0.dtype')}",
+                f"    _reduce_{index}[({rows},)](x0, out, RBLOCK={rblock}, num_warps=NUM_WARPS)",
+                "    return out", ""]
+    return "\n".join(lines + [""]), "\n".join(launcher), [x], [n]
+
+
+def triton_pow2(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
 SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
-           "cat": cat_code, "pad": pad_code}
+           "cat": cat_code, "pad": pad_code, **{name: reduce_code for name in REDUCED},
+           "softmax": reduce_code, "log_softmax": reduce_code}

@@ -12,8 +12,9 @@ each call sorted into
     InstanceNorm: a group of one channel) heads such a kernel (one program a group of channels:
     its statistics, then the normalization and the calls after it in one pass); a number the
     forward makes a tensor of is a constant of the kernel;
-  * a pooling window (max, average, an adaptive average with equal windows) or a cat: a kernel
-    of its own (autokernel/region_special.py).
+  * a pooling window (max, average, an adaptive average with equal windows), a cat, a constant
+    pad, or a reduction (sum, mean, amax, amin over any dims; softmax, log_softmax over one):
+    a kernel of its own (autokernel/region_special.py).
 A region with a 2-d convolution is traced in channels_last (NHWC), as torch.compile runs it:
 cuDNN's convolutions are fastest there, and the kernels between them walk and write NHWC (the
 layouts: autokernel/region_special.py). Its forward copies a 4-d input that comes in NCHW into
@@ -22,7 +23,7 @@ puts its 4-d weights in channels_last once. Where channels_last would leave torc
 flatten of an NHWC activation into a GEMM, say) or a norm's output in the other layout, the
 region is traced NCHW, as any other is, and its forward copies a 4-d input that comes in
 channels_last (a neighbouring block's output) into NCHW first.
-A region with any other call (a reduction: a softmax, a min over channels, a mean; an LSTM)
+A region with any other call (a variance, a min with its indices, a cumsum, a gather, an LSTM)
 has no generated starter yet: StarterError names the call in one line, and extract.py leaves
 the region's reference for a kernel written by hand.
 
@@ -210,8 +211,7 @@ def kind_of(n):
         return "view"
     if name in DROPOUTS and arg(n, 2, "training", "alpha" not in name) and arg(n, 1, "p", 0.5):
         raise StarterError(f"{name} in training mode")
-    if name in ("min", "max", "amin", "amax", "sum", "mean", "prod", "softmax", "log_softmax",
-                "logsumexp", "var", "std", "norm", "cumsum") and \
+    if name in ("min", "max", "prod", "logsumexp", "var", "std", "norm", "cumsum") and \
             not isinstance(arg(n, 1, "other"), Node):  # torch.min(x, y) is elementwise
         dims = arg(n, 1, "dim")
         over = "all elements" if dims is None else f"dim {dims}"

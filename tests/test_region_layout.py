@@ -264,6 +264,9 @@ def get_inputs():
     "torch.sigmoid(x + self.s) * self.k",
     "F.selu(x) + F.celu(x, 0.5) + F.softsign(x) + F.logsigmoid(x) + F.mish(F.hardswish(x))",
     "F.dropout2d(torch.relu(x), 0.2, False, False)",
+    # reductions over NHWC: a CNN's head (a mean over H and W), a softmax over the channels
+    "torch.relu(x).mean([2, 3]) * self.g",
+    "torch.softmax(x * 2.0, dim=1) - torch.relu(x).amax(1, keepdim=True)",
 ])
 def test_level2_epilogues(tmp_path, tail):
     assert "to_channels_last(in0)" in agrees(tmp_path, CONV % tail)
@@ -310,8 +313,8 @@ def get_inputs():
 
 @pytest.mark.parametrize("tail, says", [
     ("torch.tanh(torch.min(x, dim = 1, keepdim = True)[0])", "min over dim 1 (a reduction"),
-    ("x.mean([2, 3])", "mean over dim [2, 3] (a reduction"),
-    ("torch.sigmoid(torch.softmax(x, dim = 1) * 2.0)", "softmax over dim 1 (a reduction"),
+    ("x.var([2, 3])", "var over dim [2, 3] (a reduction"),
+    ("torch.sigmoid(torch.logsumexp(x, dim = 1) * 2.0)", "logsumexp over dim 1 (a reduction"),
 ])
 def test_a_reduction_is_a_one_line_starter_error(tmp_path, tail, says):
     with pytest.raises(region_starter.StarterError, match=re.escape(says)):
