@@ -432,7 +432,8 @@ def reduce_code(index, n):
     (x_shape, x_strides), (out_shape, out_strides) = meta(x), meta(n)
     rank, softmax = len(x_shape), name in ("softmax", "log_softmax")
     dims = arg(n, 1, "dim")
-    if n.kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in n.args):
+    if n.kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in n.args) \
+            or n.meta["tensor_meta"].dtype != x.meta["tensor_meta"].dtype:  # a bool mask's sum
         raise StarterError(f"{name} with a dtype (write this region's kernel by hand)")
     if softmax and not isinstance(dims, int):
         raise StarterError(f"{name} over dim {dims!r}")

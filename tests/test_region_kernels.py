@@ -249,6 +249,7 @@ def test_generated_kernels_compute_what_the_reference_computes(tmp_path, what):
 
 @pytest.mark.parametrize("body, says", [
     ("return torch.cumsum(in0, -1)", "cumsum"),
+    ("return (in0 > 0).sum(1) * 0.5", "sum with a dtype"),  # a bool mask's count: int64
     # x[tensor] is aten.index, not a view (Swin's relative position bias reads its table at
     # an index buffer): left to torch, the starter would fail its own gate
     ("return in0.flatten()[(in1 > 0).flatten()] * 2", "indexing with a tensor"),
