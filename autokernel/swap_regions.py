@@ -39,7 +39,7 @@ from autokernel.regions import attribute_name
 def patches(swap, model):
     """[(module, "forward", replacement)] for each instance of each region kernel of the swap
     found in the model; an instance the model does not have is a fallback with its reason."""
-    found = []
+    found, current = [], {}  # module -> its forward so far (two regions of one forward chain)
     names = dict(model.named_modules())
     for kernel in swap.regions:
         for path in kernel.instances:
@@ -47,13 +47,16 @@ def patches(swap, model):
             if module is None:
                 swap.fallback(kernel.name, f"the model has no module {kernel.site(path)!r}")
                 continue
-            found.append((module, "forward", instance_forward(swap, kernel, module, path)))
+            new = instance_forward(swap, kernel, module, path,
+                                   current.get(id(module), module.forward))
+            current[id(module)] = new
+            found.append((module, "forward", new))
     return found
 
 
-def instance_forward(swap, kernel, module, path):
-    """The instance's forward with the region kernel in it (module docstring)."""
-    original = module.forward
+def instance_forward(swap, kernel, module, path, original):
+    """The instance's forward with the region kernel in it (module docstring); original: the
+    forward it replaces (another region kernel's, where two are planned for one module)."""
     # checked: input signature -> its frame (None: ModelNew's output is the forward's)
     state = {"checked": {}, "why": None, "new": None, "tensors": None, "ops": {}, "bodies": []}
 

@@ -374,6 +374,25 @@ def test_a_forward_returning_the_region_beside_plain_values_gets_it_in_place(com
             assert torch.allclose(y, model(x), atol=1e-5)
 
 
+def test_two_region_kernels_planned_for_one_forward_each_run_or_say_why():
+    """Two regions of one module's forward (KernelBench's ViT: two of the model's own): the
+    second wraps the first, so each is checked and counted, never "never ran" for want of a
+    turn."""
+    from pathlib import Path
+
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    model = Embedded().eval()
+    kernels = [Kernel(f"part_{i}", "region", Path(f"part_{i}.py"), PatchEmbedNew, [], False,
+                      [""], "") for i in (1, 2)]
+    swap = Swap(kernels)
+    with torch.no_grad(), swap.installed(model):
+        model(torch.randn(1, 3, 8, 8))
+    for k in kernels:
+        assert "the module has no tensor for ModelNew.projection_weight" in \
+            " ".join(swap.fallbacks[k.name]), (k.name, dict(swap.fallbacks))
+
+
 def test_a_compiled_call_is_keyed_by_what_the_kernel_reads():
     """Size-1 dims' strides are any (MobileNetV2's 1x1 tail: Dynamo's traced conv output had
     other ones than the eager tensor, so the compiled forward found no op and ran the module's
