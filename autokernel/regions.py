@@ -6,8 +6,9 @@ a pooling head).
 profile.py's capture (autokernel/graph_capture.py) finds the kernel types in each graph Dynamo
 captures; find_regions then cuts every call left over into regions:
   * a call belongs to the innermost module of the model's own code it ran in (a module class
-    not from torch.nn: BasicBlock, NewGELU, the model itself for code in its forward) or
-    container (an nn.Sequential block), so a region never spans two blocks a user wrote;
+    not from torch.nn: BasicBlock with its downsample Sequential, NewGELU, the model itself for
+    code in its forward), or, outside any, the innermost container (an nn.Sequential block), so
+    a region never spans two blocks a user wrote;
   * within that module, a call joins the region of one of its inputs when that keeps the
     region convex (no path leaves the region and comes back into it), so every region can run
     as one block, which is what a kernel would replace; otherwise it starts a region;
@@ -58,17 +59,22 @@ class Region(Match):
 
 
 def owner_of(node, modules=None):
-    """(path, class name) of the innermost module of the model's own code a call ran in, or of
-    the innermost container (a model built of nn.Sequential blocks, as torchvision's MobileNetV2,
+    """(path, class name) of the innermost module of the model's own code a call ran in (a
+    container inside it is part of it: a ResNet block's downsample Sequential), else of the
+    innermost container (a model built of nn.Sequential blocks, as KernelBench's MobileNetV2,
     has no class of its own per block); (None, None) for code in the top-level forward.
     modules: {str(id(module)): its name in the model}, the keys of Dynamo's module stack (a
     module reached through a closure or a lambda has its own name there, not the way the
     forward reached it)."""
+    container = None, None
     for key, (path, cls) in reversed(list((node.meta.get("nn_module_stack") or {}).items())):
-        if isinstance(cls, type) and (not cls.__module__.startswith("torch.nn")
-                                      or issubclass(cls, CONTAINERS)):
+        if not isinstance(cls, type):
+            continue
+        if not cls.__module__.startswith("torch.nn"):
             return (modules or {}).get(key, module_path(path)), cls.__name__
-    return None, None
+        if container[0] is None and issubclass(cls, CONTAINERS):
+            container = (modules or {}).get(key, module_path(path)), cls.__name__
+    return container
 
 
 def module_path(source):

@@ -102,6 +102,36 @@ def test_regions_are_cut_per_module_and_grouped_by_what_they_compute():
     assert ["conv2d", "relu"] in own and any("adaptive_avg_pool2d" in ops for ops in own)
 
 
+class DownBlock(BasicBlock):  # ResNet's first block of a stage: its shortcut a Sequential
+    def __init__(self, c):
+        super().__init__(c)
+        self.downsample = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(out + self.downsample(x))
+
+
+class Stage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = DownBlock(4)
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def test_a_container_inside_a_block_is_part_of_the_blocks_region():
+    """The downsample Sequential runs inside the block's forward: one region, the whole
+    forward (a region of its own would leave the block's region taking its output as an
+    input, which no module's forward takes: ResNet18's stage-opening blocks went unplugged)."""
+    found, _ = captured(trained_like(Stage()), torch.randn(1, 4, 6, 6))
+    assert [r["label"] for r in found.values()] == ["DownBlock"], found
+    (block,) = found.values()
+    assert block["instances"] == ["block"] and block["ops"].count("conv2d") == 3
+    assert [i["parameter"] for i in block["inputs"]].count(None) == 1  # x alone
+
+
 def test_a_reference_file_computes_what_the_model_computes():
     model = trained_like(Net())
     found, _ = captured(model, torch.randn(2, 3, 8, 8))
