@@ -92,12 +92,14 @@ def instance_forward(swap, kernel, module, path, original):
         if state["why"] is not None:
             return original(*args, **kwargs)
         if key not in state["checked"]:  # (None: arguments of other kinds, checked once)
-            why = check(args, kwargs, key)
-            if why is not None:
+            why, want, got = check(args, kwargs, key)
+            if why is not None:  # the forward's own output, not a second run of it
                 state["why"] = why
                 swap.fallback(kernel.name, f"at {kernel.site(path) or 'the model'}: {why}")
-                return original(*args, **kwargs)
-        out = count(run(args, kwargs))
+                return original(*args, **kwargs) if want is None else want
+            out = count(got)
+        else:
+            out = count(run(args, kwargs))
         if swap.compiled and key is not None and key not in state["ops"]:
             state["ops"][key] = compiled_call(args, kwargs, out, state["checked"][key])
         return framed(out, state["checked"][key])
@@ -128,8 +130,9 @@ def instance_forward(swap, kernel, module, path, original):
         return call
 
     def check(args, kwargs, key):
-        """None where ModelNew computes what the instance's forward does on these inputs (and
-        their frame recorded), else why not."""
+        """(why not, or None where ModelNew computes what the instance's forward does on these
+        inputs (their frame recorded); the forward's output, ModelNew's), each None where it
+        did not run. The forward runs once: a module that is the whole model runs the model."""
         if state["new"] is None:
             try:
                 first = next(t for t in [*module.parameters(), *module.buffers()])
@@ -137,21 +140,22 @@ def instance_forward(swap, kernel, module, path, original):
             except StopIteration:
                 state["new"] = kernel.fn()
             except Exception as e:  # noqa: BLE001  (the kernel's own failure, named)
-                return f"ModelNew() raised {type(e).__name__}: {e}"
+                return f"ModelNew() raised {type(e).__name__}: {e}", None, None
             state["tensors"], why = tensors()
             if why:
-                return why
+                return why, None, None
         want = original(*args, **kwargs)
         try:
             got = run(args, kwargs)
         except Exception as e:  # noqa: BLE001
             return (f"ModelNew does not take this forward's inputs ({type(e).__name__}: "
-                    f"{str(e)[:120]}): the region is only part of the module's forward")
+                    f"{str(e)[:120]}): the region is only part of the module's forward",
+                    want, None)
         frame = frame_of(got, want)
         why = disagreement(got, want if frame is None else want[frame[2]])
         if why is None:
             state["checked"][key] = frame
-        return why
+        return why, want, got
 
     return forward
 
