@@ -213,12 +213,11 @@ def write_kernel(candidate, rank, profile, kernels_dir, workspace, force, cpu=Fa
 
 
 def region_candidates(entries):
-    """The profile's regions that have a reference (a standalone problem file), most time
-    first, as candidates beside the merged kernel types."""
+    """The profile's regions as candidates beside the merged kernel types (one without a
+    reference, a standalone problem file, is skipped with its reason when its turn comes)."""
     return [{"region": e["region"], "name": e["name"], "time_us": e["time_us"],
              "share": e["share"], "bound": e.get("bound", "n/a"), "shapes": e.get("shapes", [])}
-            for e in entries if e.get("group") == "region" and (e.get("region") or {}).get(
-                "reference")]
+            for e in entries if e.get("group") == "region" and e.get("region")]
 
 
 def write_region(candidate, rank, profile, workspace, force):
@@ -226,6 +225,9 @@ def write_region(candidate, rank, profile, workspace, force):
     kernel file (workspace/<label>_<rank>.py: region_starter's starter, under the region
     kind's contract); returns the plan row. Raises UsageError (one line), StarterError."""
     region = candidate["region"]
+    if not region.get("reference"):
+        raise region_starter.StarterError(f"no standalone reference of it could be written "
+                                          f"({region.get('note') or 'no reason recorded'})")
     label = re.sub(r"\W", "_", region["label"]).lower()
     problem = Path(workspace) / "regions" / f"{region['label']}_{region['id']}.py"
     if not problem.exists() or problem.read_text() != region["reference"]:
@@ -339,9 +341,10 @@ def main(argv=None):
                 row = write_kernel(candidate, rank, profile, kernels_dir,
                                    args.workspace, args.force, cpu=cpu, backend=args.backend)
         except region_starter.StarterError as e:
+            where = f"; its reference is in {rel(Path(args.workspace) / 'regions')}/" \
+                if candidate["region"].get("reference") else ""
             print(f"extract: skipped region {candidate['name']} "
-                  f"({100 * candidate['share']:.1f}%): {e}; its reference is in "
-                  f"{rel(Path(args.workspace) / 'regions')}/")
+                  f"({100 * candidate['share']:.1f}%): {e}{where}")
             continue
         except UsageError as e:
             failed += 1

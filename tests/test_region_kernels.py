@@ -134,6 +134,25 @@ def test_a_region_without_a_starter_gives_its_place_to_the_next(extracted, tmp_p
     assert written["region"]["id"] == first["region"]["id"]
 
 
+def test_a_region_without_a_reference_is_skipped_with_its_reason(extracted, tmp_path):
+    """A region no standalone file can name (KernelBench's ViT: a dropout whose input 0 is not
+    a tensor) is said in one line when its turn comes, not dropped without a word."""
+    work, every, _ = extracted
+    profile = json.loads((work / "profile.json").read_text())
+    first = next(e for e in profile["entries"] if e.get("group") == "region"
+                 and e["region"]["id"] == every["kernels"][0]["region"]["id"])
+    first["region"]["reference"], first["region"]["note"] = "", "input 0 is not a tensor"
+    first["share"], first["time_us"] = 2.0, 2 * profile["total_op_us"]
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    stdout = cli("extract.py", "--profile", str(tmp_path / "profile.json"), "--workspace",
+                 str(tmp_path), "--top", "1")
+    assert f"skipped region {first['name']} (200.0%): no standalone reference of it could be " \
+           "written (input 0 is not a tensor)\n" in stdout, stdout
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plan["kernels"]) == 1 and plan["kernels"][0]["region"]["id"] != \
+        first["region"]["id"]
+
+
 def judged(path):
     module = load_module(path)
     plan = region_kind.plan({k: getattr(module, k) for k in dir(module) if k.isupper()})
