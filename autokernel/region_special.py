@@ -68,9 +68,9 @@ def allocation(shape, strides, dtype):
     return f"torch.empty_strided({shape!r}, {tuple(strides)!r}, device=x0.device, dtype={dtype})"
 
 
-def index_expr(shape, strides):
+def index_expr(shape, strides, var="offs"):
     """The element of an operand (its strides, broadcast to `shape`) for the flat position
-    `offs` in `shape`: "offs" where it is laid out as `shape` is, else the terms of its own
+    `var` in `shape`: `var` where it is laid out as `shape` is, else the terms of its own
     strides, with the sizes as constants (a block of offsets even for a value every element
     shares: a scalar pointer with a block mask is not a load Triton takes)."""
     dims = [(s, st) for s, st in zip(shape, strides) if s != 1]
@@ -85,11 +85,11 @@ def index_expr(shape, strides):
         inner //= size
         if stride == 0:
             continue
-        term = "offs" if inner == 1 else f"(offs // {inner})"
+        term = var if inner == 1 else f"({var} // {inner})"
         if size * inner < total:
             term = f"({term} % {size})"
         terms.append(term if stride == 1 else f"{term} * {stride}")
-    return " + ".join(terms) or "offs * 0"  # (one element for every lane: still a block)
+    return " + ".join(terms) or f"{var} * 0"  # (one element for every lane: still a block)
 
 
 def coordinates(shape, order):
@@ -402,20 +402,6 @@ def pad_code(index, n):
     return "\n".join(lines), "\n".join(launcher), [x], [n]
 
 
-def _walk(var, shape, strides):
-    """The address of element `var` (a flat row-major index over `shape`) under `strides`, the
-    sizes as constants: one term a dim that is not 1."""
-    terms, inner = [], math.prod(shape)
-    for size, stride in zip(shape, strides):
-        inner //= size
-        if size == 1:
-            continue
-        at = var if inner == 1 else f"({var} // {inner})"
-        at = at if inner * size == math.prod(shape) else f"({at} % {size})"
-        terms.append(at if stride == 1 else f"{at} * {stride}")
-    return " + ".join(terms) or "0"
-
-
 # The reductions a region kernel computes itself: the value its masked lanes load (the
 # reduction's identity) and how a row's block folds into the accumulator.
 REDUCED = {"sum": ("0.0", "acc + v", "tl.sum"), "mean": ("0.0", "acc + v", "tl.sum"),
@@ -444,9 +430,10 @@ def reduce_code(index, n):
     if not dense(out_shape, out_strides):
         out_strides = contiguous(out_shape)
     reduced = ([x_shape[d] for d in dims], [x_strides[d] for d in dims])
-    row_in = _walk("row", [x_shape[d] for d in kept], [x_strides[d] for d in kept])
+    out_reduced = [out_strides[d] for d in dims] if softmax else None
+    row_in = index_expr([x_shape[d] for d in kept], [x_strides[d] for d in kept], "row")
     place = kept if softmax or len(out_shape) == rank else range(len(kept))
-    row_out = _walk("row", [x_shape[d] for d in kept], [out_strides[p] for p in place])
+    row_out = index_expr([x_shape[d] for d in kept], [out_strides[p] for p in place], "row")
     rblock = min(triton_pow2(R), 1024)
     lines = ["@triton.jit", f"def _reduce_{index}(x, out, RBLOCK: tl.constexpr):",
              f'    """{name} of {tuple(x_shape)} over dims {dims}: one program a row of '
@@ -455,7 +442,7 @@ def reduce_code(index, n):
 
     def walk(body, other):
         return [f"    for r0 in range(0, {R}, RBLOCK):", "        r = r0 + tl.arange(0, RBLOCK)",
-                f"        v = tl.load(x + {_walk('r', *reduced)}, mask=r < {R}, "
+                f"        v = tl.load(x + {index_expr(*reduced, 'r')}, mask=r < {R}, "
                 f"other={other}).to(tl.float32)", *[f"        {b}" for b in body]]
     if softmax:
         lines += ['    acc = tl.full([RBLOCK], float("-inf"), tl.float32)',
@@ -465,8 +452,8 @@ def reduce_code(index, n):
                   "    total = tl.sum(acc, axis=0)",
                   *walk(["y = tl.exp(v - top) / total" if name == "softmax" else
                          "y = v - top - tl.log(total)",
-                         f"tl.store(out + {_walk('r', reduced[0], [out_strides[d] for d in dims])}"
-                         f", y, mask=r < {R})"], "0.0")]
+                         f"tl.store(out + {index_expr(reduced[0], out_reduced, 'r')}, y, "
+                         f"mask=r < {R})"], "0.0")]
     else:
         identity, fold, finish = REDUCED[name]
         lines += [f"    acc = tl.full([RBLOCK], {identity}, tl.float32)",

@@ -197,7 +197,7 @@ def signature(args, kwargs):
         if isinstance(v, torch.Tensor):  # a size-1 dim's stride is any (traced or not)
             key.append((tuple(v.shape), tuple(st if n > 1 else 0
                                               for n, st in zip(v.shape, v.stride())), v.dtype))
-        elif v is None or isinstance(v, (bool, int, float, str)):
+        elif _plain(v):
             key.append(v)
         else:
             return None
