@@ -56,7 +56,8 @@ workspace/plan.json schema (orchestrate.py, verify.py and analysis.py read it):
                           (a region: its calls, e.g. ["conv2d", "batch_norm", "relu"])
     region         dict   a region's: id, label (its module's class), instances (module paths),
                           plug (where verify.py swaps it in, relative to each instance:
-                          "" the module, "dwconv" a child; null: nowhere yet),
+                          "" the module, "dwconv" a child; null: into the graph of the
+                          forward it is part of),
                           problem (its reference, workspace/regions/<label>_<id>.py)
 
 Regions (profile.py's rows of the model's own code outside the kernel types) rank beside the
@@ -352,9 +353,6 @@ def main(argv=None):
             fail("extract.py", e)
             continue
         plan.append(row)
-        if (row.get("region") or {}).get("plug", "") is None:
-            print(f"extract: note: {row['name']} is only part of its module's forward (kernel "
-                  "types run there too): verify.py cannot plug it into the model yet")
         print(f"{row['rank']}. {row['file']:<34} {100 * row['share']:5.1f}% of op time, "
               f"Amdahl ceiling {row['amdahl_ceiling'] or float('inf'):.2f}x, {row['bound']}, "
               f"shapes {brief(row['shapes'])}"

@@ -77,7 +77,8 @@ profile.json schema (times are per iteration, in microseconds):
                    "bytes" (inputs read and outputs written once), "instances" (module paths,
                    "" for the model's own forward), "plug" (where verify.py swaps it in, relative
                    to each instance: "" the module's forward, "dwconv" a child's; null where
-                   no module's forward is only the region), "reference" (a standalone problem
+                   no module's forward is only the region: into the graph of the forward it is
+                   part of), "reference" (a standalone problem
                    file in KernelBench's format: the region's frozen code, the oracle; null when
                    it cannot be written), "note" (why not)}
   region_pct       float  share of op time in regions (0..100)

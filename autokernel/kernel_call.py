@@ -34,7 +34,9 @@ class Kernel:
     optional: bool = False  # one that finds no op in the model is "unused", not a failure
     instances: list = field(default_factory=list)  # a region kernel's module paths (its fn:
                                                    # ModelNew; autokernel/swap_regions.py)
-    plug: str = ""  # where in each instance it is swapped in: "" its forward, "dwconv" a child's
+    plug: str | None = ""  # where in each instance it is swapped in: "" its forward, "dwconv" a
+                           # child's, None: into the graph of the forward it is part of
+    region_id: str = ""    # a region kernel's region (regions.region_id), found by it in graphs
 
     def site(self, path):
         """The module path a region kernel's instance at `path` is swapped in at."""

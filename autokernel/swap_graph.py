@@ -3,14 +3,18 @@ Kernels plugged into computations a model writes out as torch ops: attention spe
 mask, softmax, @ v, which no torch entry point (F.scaled_dot_product_attention) and no module
 class leads to. The profile recognizes them by what they compute (autokernel/patterns.py on a
 graph TorchDynamo captured); this swap uses the same recognizer to put the type's kernel there.
+Region kernels whose region is only part of a forward (a written-out GELU between two linears)
+are plugged the same way: the graph's regions are cut as the profile cut the model's and the
+kernel's is found by its id (a "type" named "region:<id>" below).
 
-How, inside `swap.installed(model)` while a type of GRAPH_RULES is active:
+How, inside `swap.installed(model)` while a type of GRAPH_RULES or such a region is active:
   * Discovery: at the model's first forward (per input signature, while the first found any)
     its forward is captured once with every patch of the swap taken out (the model's own code)
     and matched by the patterns. Each match of a GRAPH_RULES type belongs to the innermost module
-    instance all its nodes ran in; that instance's forward is replaced for the length of the
-    block (an instance inside another one that has a match of its own is covered by the outer
-    one's graph).
+    instance all its nodes ran in, a region to the module it was cut in; that instance's forward
+    is replaced for the length of the block. Where instances nest (a region in the model's own
+    forward, attention in a block), the outer one's graph plugs the inner ones' matches too; the
+    inner forwards run where the outer one could not be captured.
   * Capture: the instance's first call with given inputs (their shapes, strides, dtypes, the
     other arguments' values, train or eval) captures its forward as ONE graph (a graph break is
     a fallback), the patches again taken out. Each graph input is read at every call from where
@@ -19,10 +23,11 @@ How, inside `swap.installed(model)` while a type of GRAPH_RULES is active:
   * Rewrite: each match's output is replaced by one call of the rule's function on the match's
     operands (flash_attention: q, k and v as the pattern recorded them, k and v before a
     grouped-query repeat, causal from the match's variant, the scale the scores are multiplied
-    by); the rest of the match is dead code and goes. That function calls swap.run, as the SDPA
-    rule's handler does: calls counted, the kernel's output checked, its custom op inside
-    torch.compile. Calls of the torch entry points other rules patch (F.linear, ...) look the
-    entry point up at call time, so those rules still see them.
+    by; a region: its inputs, ModelNew run on them by swap_regions.graph_call); the rest of the
+    match is dead code and goes. That function calls swap.run, as the SDPA rule's handler does:
+    calls counted, the kernel's output checked, its custom op inside torch.compile. Calls of
+    the torch entry points other rules patch (F.linear, ...) look the entry point up at call
+    time, so those rules still see them.
   * Check: the first call of each input signature runs the module's own forward and the
     rewritten one on the same inputs (the calls of the former not counted) and compares them at
     the dtype's tolerance (swap_regions.disagreement). On disagreement, or any failure to
@@ -40,8 +45,8 @@ module's tensor in place (the first call's comparison would do it twice); an arg
 kind than tensors and plain values (a KV-cache object); an instance one of whose submodules
 another rule swaps at module level (the graph would run that submodule's own code instead of its
 kernel); a computation whose inner values the instance's forward reads elsewhere (attention
-probabilities it returns). A region kernel planned for the instance or a
-submodule of it gives way: the region is only part of that forward, and the graph replaces it.
+probabilities it returns). A region kernel that replaces the forward of the instance or of a
+submodule of it is plugged into the graph where the graph holds its region, else gives way.
 
 Inside torch.compile (a compiled swap: verify.py runs the model once eagerly inside the swap,
 which checks each instance, then compiles it): Dynamo traces the replaced forward, finds the
@@ -53,6 +58,7 @@ rewrites and checks.
 import ast
 import contextlib
 import copy
+import operator
 import types
 import weakref
 from dataclasses import dataclass
@@ -68,8 +74,8 @@ from autokernel.kernel_call import FLOAT_DTYPES, KernelFailure
 from autokernel.matches import find_matches
 from autokernel.patching import applying, capturing, suspended
 from autokernel.patterns import PATTERNS
-from autokernel.regions import module_path
-from autokernel.swap_regions import disagreement
+from autokernel.regions import attribute_name, find_regions, module_path
+from autokernel.swap_regions import disagreement, graph_call
 from autokernel.swap_torch import attention_heads
 
 MAX_SIGNATURES = 4  # input signatures captured per model or instance; beyond: its own forward
@@ -88,8 +94,8 @@ class GraphRule:
 
 @dataclass
 class Plug:
-    ktype: str
-    output: str         # the match's output node, whose readers read the call instead
+    ktype: str          # a GRAPH_RULES type, or "region:<id>" (a region kernel's region)
+    outputs: tuple      # the match's output nodes, whose readers read the call's instead
     operands: tuple     # node names, the call's arguments in order
     params: dict        # the rule's constants for the call
     nodes: tuple        # the match's nodes, dead once the call replaces them
@@ -122,7 +128,7 @@ def _attention_plan(m, inputs):
             and kv.shape[2:] == qv.shape[2:] and qv.shape[1] % kv.shape[1] == 0
     if not ok or out.shape != qv.shape:
         return "q, k, v shapes outside the contract"
-    return Plug("flash_attention", m.output.name, (q.name, k.name, v.name),
+    return Plug("flash_attention", (m.output.name,), (q.name, k.name, v.name),
                 {"causal": m.variant.get("causal", True), "scale": float(o["scale"]),
                  "dtype": out.dtype, "batched": qv.dim() == 3},
                 tuple(n.name for n in m.nodes))
@@ -149,6 +155,53 @@ def _attention_call(swap, params):
 # an entry here: its pattern records the match's operands, plan says what the call takes.
 GRAPH_RULES = {"flash_attention": GraphRule(_attention_plan, _attention_call)}
 
+# A region kernel (a ModelNew for a piece of the model's own code) is plugged in where a graph
+# computes its region: the graph's regions are cut as the profile cut the model's
+# (regions.find_regions), found by id, and each replaced by one call of the kernel's ModelNew
+# on the region's inputs (swap_regions.graph_call).
+REGION = "region:"
+
+
+def region_keys(swap, graph_only=False):
+    """{"region:<id>": kernel} for the swap's region kernels (the first of two for one region);
+    graph_only: those planned into the graph of a forward they are only part of (the others
+    replace whole forwards, swap_regions.patches, unless a graph holding them is rewritten)."""
+    return {REGION + k.region_id: k for k in reversed(swap.regions)
+            if k.region_id and (k.plug is None or not graph_only)}
+
+
+def _region_plugs(gm, example, matches, names):
+    """A Plug for each region of a captured graph: its inputs the operands, each of the
+    model's parameters and buffers among them named as the region's reference names it.
+    names: the model's modules by path."""
+    model = names[""]
+    modules = {str(id(m)): path for path, m in names.items()}
+    params = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    value = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), example))
+    plugs = []
+    for r in find_regions(gm, matches, type(model).__name__, modules):
+        owned = [params.get(id(value[a])) if a in value else None for a in r.inputs]
+        plugs.append(Plug(REGION + r.id, tuple(n.name for n in r.outs),
+                          tuple(a.name for a in r.inputs),
+                          {"names": [attribute_name(t, r.module) if t else None for t in owned],
+                           "where": r.module or "the model"},
+                          tuple(n.name for n in r.order)))
+    return plugs
+
+
+def _call(swap, plug):
+    """The function the rewritten graph calls in place of the plug's nodes."""
+    if plug.ktype.startswith(REGION):
+        return graph_call(swap, region_keys(swap)[plug.ktype], plug.params["names"],
+                          plug.params["where"])
+    return GRAPH_RULES[plug.ktype].call(swap, plug.params)
+
+
+def _label(swap, ktype):
+    """The name fallbacks are reported under: the type's, a region's kernel's."""
+    kernel = region_keys(swap).get(ktype)
+    return kernel.name if kernel else ktype
+
 
 def _reads(n, nodes, depth=0):
     """Whether node n's value depends on any of `nodes`."""
@@ -160,7 +213,8 @@ def _reads(n, nodes, depth=0):
 # The swap: discovery at the model's first forward, each instance's forward replaced
 # ---------------------------------------------------------------------------------------------
 
-_DISCOVERED = weakref.WeakKeyDictionary()  # model -> {signature: {path: [(type, note)]}}
+# model -> {types wanted: {input signature: {path: [(type, note)]}}}
+_DISCOVERED = weakref.WeakKeyDictionary()
 _CAPTURED = weakref.WeakKeyDictionary()    # instance -> {signature: Capture or why not}
 
 
@@ -169,7 +223,7 @@ def installed(swap, model, applied, entry_points):
     """The graph swap inside swap.installed: the model's forward wrapped to discover at its
     first call; applied: the patches of the other rules (patching.applying's list), taken out
     while a graph is captured; entry_points: the (owner, attribute) pairs rules patch."""
-    ktypes = [t for t in GRAPH_RULES if swap.active(t)]
+    ktypes = [t for t in GRAPH_RULES if swap.active(t)] + list(region_keys(swap, graph_only=True))
     if not ktypes:
         yield
         return
@@ -180,23 +234,27 @@ def installed(swap, model, applied, entry_points):
 
     def forward(*args, **kwargs):
         if not capturing():
-            for path, found in _discover(model, args, kwargs, lists).items():
+            everywhere = _discover(model, args, kwargs, lists, ktypes)
+            for path, found in everywhere.items():
                 if path not in done:
                     done.add(path)
-                    replace(path, found)
+                    inner = {t for p, f in everywhere.items() if _inside(p, path)
+                             for t, why in f if not why}
+                    replace(path, found, inner)
         return root["forward"](*args, **kwargs)
 
-    def replace(path, found):
-        """found: [(type, why not or "")] for the matches at path (_discover)."""
+    def replace(path, found, inner):
+        """found: [(type, why not or "")] for the matches at path (_discover); inner: the types
+        of those inside it that a kernel can take, which its graph holds too."""
         module = names.get(path)
-        mine = [t for t, why in found if t in ktypes and not why]
+        mine = [t for t, why in found if not why]
         for t, why in found:
-            if t in ktypes and why:
-                swap.fallback(t, f"at {path or 'the model'}: {why}")
+            if why:
+                swap.fallback(_label(swap, t), f"at {path or 'the model'}: {why}")
         if module is None or not mine:  # nothing a kernel can take: no capture needed
             return
         own = root["forward"] if module is model else module.forward
-        new = instance_forward(swap, module, own, path, mine, lists, entry_points, names)
+        new = instance_forward(swap, module, own, path, mine, inner, lists, entry_points, names)
         if module is model:
             root["forward"] = new
         else:
@@ -207,14 +265,15 @@ def installed(swap, model, applied, entry_points):
         yield
 
 
-def _discover(model, args, kwargs, lists):
-    """{module path: [(type, note or "")]} for the matches of GRAPH_RULES types in the model's
-    forward on these inputs (cached per model and input signature), by the innermost module
-    their nodes ran in; a match inside an instance that has one a kernel can take is left to
-    that instance's graph. {} when it cannot tell."""
+def _discover(model, args, kwargs, lists, wanted):
+    """{module path: [(type, note or "")]} for the matches of the `wanted` GRAPH_RULES types
+    and regions ("region:<id>") in the model's forward on these inputs (cached per model, input
+    signature and wanted), by the innermost module their nodes ran in (a region's: the module
+    it was cut in); a match inside an instance that has one a kernel can take is left to that
+    instance's graph. {} when it cannot tell."""
     summary = _summary((args, kwargs))  # (the root's flag only: this runs at every forward)
     key = None if summary is None else (summary, model.training)
-    seen = _DISCOVERED.setdefault(model, {})
+    seen = _DISCOVERED.setdefault(model, {}).setdefault(frozenset(wanted), {})
     # A model whose first forward writes none of them out is not traced again for each new
     # shape (a generation's steps): a trace of the whole model costs seconds.
     if key is None or key in seen or len(seen) >= MAX_SIGNATURES \
@@ -225,11 +284,16 @@ def _discover(model, args, kwargs, lists):
     found = {}
 
     def backend(gm, example_inputs):
-        for m in find_matches(gm, example_inputs, PATTERNS, type(model).__name__):
-            if m.ktype in GRAPH_RULES and m.modules:
+        matches = find_matches(gm, example_inputs, PATTERNS, type(model).__name__)
+        for m in matches:
+            if m.ktype in wanted and m.modules:
                 k, (source, _) = m.modules[-1]
                 path = modules.get(k, module_path(source))
                 found.setdefault(path, []).append((m.ktype, "" if m.shape else m.note))
+        if any(t.startswith(REGION) for t in wanted):
+            for r in find_regions(gm, matches, type(model).__name__, modules):
+                if REGION + r.id in wanted:
+                    found.setdefault(r.module, []).append((REGION + r.id, ""))
         return gm.forward
 
     try:
@@ -237,16 +301,19 @@ def _discover(model, args, kwargs, lists):
             _trace(model, args, kwargs, backend, fullgraph=False)
     except Exception:  # noqa: BLE001  (a model Dynamo cannot run: nothing to plug by graph)
         return {}
-    # an instance inside another one: the outer one's graph holds it
-    instances = [p for p, f in found.items() if any(not why for _, why in f)]
-    seen[key] = {p: f for p, f in found.items()
-                 if not any(o != p and (o == "" or p.startswith(o + ".")) for o in instances)}
-    return seen[key]
+    seen[key] = found
+    return found
 
 
-def instance_forward(swap, module, original, path, ktypes, lists, entry_points, names):
+def _inside(path, outer):
+    return path != outer and (outer == "" or path.startswith(outer + "."))
+
+
+def instance_forward(swap, module, original, path, ktypes, inner, lists, entry_points, names):
     """The instance's forward with the kernels in its graph (module docstring); original: the
-    forward it replaces."""
+    forward it replaces; inner: the types (and regions) of the instances inside it, plugged in
+    where its graph holds them (each of those instances has a replaced forward of its own,
+    which runs where this one's graph could not be used)."""
     where = path or "the model"
     plans = {}  # signature -> the rewritten forward, or None: the module's own
 
@@ -269,11 +336,12 @@ def instance_forward(swap, module, original, path, ktypes, lists, entry_points, 
             return refuse(f"inputs of more than {MAX_SIGNATURES} signatures: the rest run "
                           "its own forward", args, kwargs)
         why = _taken(swap, module, path, lists, names)
-        capture = why or _captured(module, key, args, kwargs, lists, entry_points)
+        capture = why or _captured(module, key, args, kwargs, lists, entry_points, names)
         if isinstance(capture, str):
             return refuse(capture, args, kwargs)
         try:
-            run, plugged, left = _rewritten(swap, module, capture, ktypes)
+            run, plugged, left = _rewritten(swap, module, capture, ktypes,
+                                            (set(inner) | set(region_keys(swap))) - set(ktypes))
         except Exception as e:  # noqa: BLE001
             return refuse(f"its graph could not be rewritten ({describe(e, 160)})", args, kwargs)
         if run is None:
@@ -293,17 +361,17 @@ def instance_forward(swap, module, original, path, ktypes, lists, entry_points, 
         why = _disagreement(got, want)
         if why:
             _restore(swap, counts)
-            return refuse(f"the forward with {', '.join(plugged)} differs from its own: {why}",
-                          args, kwargs, want)
+            return refuse(f"the forward with {', '.join(_label(swap, t) for t in plugged)} "
+                          f"differs from its own: {why}", args, kwargs, want)
         plans[key] = run
         for t, why in left:  # another match in the same graph, which stays torch
-            swap.fallback(t, f"at {where}: {why}")
+            swap.fallback(_label(swap, t), f"at {where}: {why}")
         _regions_give_way(swap, module, path, names, plugged)
         return got
 
     def refuse(why, args=None, kwargs=None, out=None):
         for t in ktypes:
-            swap.fallback(t, f"at {where}: {why}")
+            swap.fallback(_label(swap, t), f"at {where}: {why}")
         if args is not None:
             return original(*args, **kwargs) if out is None else out
 
@@ -324,13 +392,18 @@ def _taken(swap, module, path, lists, names):
 
 
 def _regions_give_way(swap, module, path, names, plugged):
+    """A region kernel that replaces the forward of a module inside this graph's instance, and
+    whose region the graph does not hold as the profile cut it, does not run there."""
     inside = {id(m) for m in module.modules()}
     for k in swap.regions:
+        if k.plug is None or REGION + k.region_id in plugged:
+            continue
         for p in map(k.site, k.instances):
             if id(names.get(p)) in inside:
                 swap.fallback(k.name, f"at {p or 'the model'}: inside {path or 'the model'}, "
-                              f"whose forward runs as a graph with {', '.join(plugged)} "
-                              "plugged in: the region is only part of that forward")
+                              "whose forward runs as a graph with "
+                              f"{', '.join(_label(swap, t) for t in plugged)} plugged in: the "
+                              "region is only part of that forward")
 
 
 _COUNTED = ("calls", "folded", "normed", "shapes", "fallbacks", "skipped", "notes")
@@ -341,8 +414,15 @@ def _counts(swap):
 
 
 def _restore(swap, counts):
+    """The counts as they were; a reason first given since (by an instance inside this one, whose
+    own first call ran in the forward compared with) is kept."""
     for a, v in counts.items():
-        setattr(swap, a, copy.deepcopy(v))
+        v = copy.deepcopy(v)
+        if a in ("fallbacks", "skipped"):
+            for t, reasons in getattr(swap, a).items():
+                for why, n in reasons.items():
+                    v[t].setdefault(why, n)
+        setattr(swap, a, v)
 
 
 def _disagreement(got, want):
@@ -371,19 +451,19 @@ class Capture:
     out_leaves: list  # ... its leaves: OUTPUT where a graph output goes, else the value
 
 
-def _captured(module, key, args, kwargs, lists, entry_points):
+def _captured(module, key, args, kwargs, lists, entry_points, names):
     """The instance's Capture for this signature (cached), or why none."""
     cache = _CAPTURED.setdefault(module, {})
     if key not in cache:
         try:
             with suspended(*lists):
-                cache[key] = _capture(module, args, kwargs, entry_points)
+                cache[key] = _capture(module, args, kwargs, entry_points, names)
         except Exception as e:  # noqa: BLE001
             cache[key] = f"its forward could not be captured ({describe(e, 160)})"
     return cache[key]
 
 
-def _capture(module, args, kwargs, entry_points):
+def _capture(module, args, kwargs, entry_points, names):
     graphs = []
 
     def backend(gm, example_inputs):  # Dynamo drops the inputs' sources once it is done
@@ -408,11 +488,12 @@ def _capture(module, args, kwargs, entry_points):
         # the graph would redo it, but the first call's comparison runs the forward twice
         return "its forward writes an argument or a module's tensor in place"
     inputs = {n for n, s in zip(placeholders, sources) if s[0][1] != "module"}
-    plugs = []
-    for m in find_matches(gm, example, PATTERNS, type(module).__name__):
+    plugs, matches = [], find_matches(gm, example, PATTERNS, type(module).__name__)
+    for m in matches:
         if m.ktype in GRAPH_RULES:
             plan = GRAPH_RULES[m.ktype].plan(m, inputs)
             plugs.append((m.ktype, plan) if isinstance(plan, str) else plan)
+    plugs += _region_plugs(gm, example, matches, names)
     originals = {id(getattr(owner, attr)): (owner, attr) for owner, attr in entry_points}
     entries = {n.name: originals[id(n.target)] for n in gm.graph.nodes
                if n.op == "call_function" and id(n.target) in originals}
@@ -424,12 +505,17 @@ def _capture(module, args, kwargs, entry_points):
                    [OUTPUT if isinstance(v, torch.Tensor) else v for v in leaves])
 
 
-def _rewritten(swap, module, capture, ktypes):
+def _rewritten(swap, module, capture, ktypes, also=()):
     """(the instance's forward with the kernels in its graph, [types plugged], [(type, why)]
-    for the matches left as they are) or (None, why not, [])."""
-    plugs = [p for p in capture.plugs if (p.ktype if isinstance(p, Plug) else p[0]) in ktypes]
-    left = [p for p in plugs if not isinstance(p, Plug)]
+    for the matches of `ktypes` left as they are) or (None, why not, []). also: types and
+    regions ("region:<id>") plugged in where the graph holds them, unreported where not."""
+    plugs = [p for p in capture.plugs
+             if (p.ktype if isinstance(p, Plug) else p[0]) in set(ktypes) | set(also)]
+    left = [p for p in plugs if not isinstance(p, Plug) and p[0] in ktypes]
     plugs = [p for p in plugs if isinstance(p, Plug)]
+    left += [(t, "its region is not in the graph of this forward as the profile cut it (the "
+              "model's code or shapes differ from the profile's)")
+             for t in ktypes if t.startswith(REGION) and t not in {p.ktype for p in plugs}]
     if not plugs:
         return None, "; ".join(dict.fromkeys(why for _, why in left)) or \
             ("in its own graph the computation is no block a kernel can replace: a value inside "
@@ -437,13 +523,20 @@ def _rewritten(swap, module, capture, ktypes):
     graph, env = Graph(), {}
     graph.output(graph.graph_copy(capture.gm.graph, env))
     node = {n.name: env[n] for n in capture.gm.graph.nodes if n in env}
-    erased = set()
+    erased, replaced = set(), {}
     for p in plugs:
-        out = node[p.output]
-        with graph.inserting_before(out):
-            call = graph.call_function(GRAPH_RULES[p.ktype].call(swap, p.params),
-                                       tuple(node[a] for a in p.operands))
-        out.replace_all_uses_with(call)
+        mine = {node[a] for a in p.nodes}
+        last = next(n for n in reversed(graph.nodes) if n in mine)
+        with graph.inserting_after(last):  # every operand is there; readers move after it
+            call = graph.call_function(_call(swap, p), tuple(replaced.get(a, node[a])
+                                                             for a in p.operands))
+        for i, name in enumerate(p.outputs):
+            value = call
+            if len(p.outputs) > 1:
+                with graph.inserting_after(call):
+                    value = graph.call_function(operator.getitem, (call, i))
+            node[name].replace_all_uses_with(value, delete_user_cb=lambda u: u not in mine)
+            replaced[name] = value  # what a later plug reading this output reads
         # the match's nodes, read by nothing now (dropout's among them, which dead-code
         # elimination may keep as impure)
         rest = [a for a in p.nodes if a not in p.operands]
@@ -454,8 +547,8 @@ def _rewritten(swap, module, capture, ktypes):
     for name, (owner, attr) in capture.entries.items():
         if name not in erased:
             node[name].target = _looked_up(owner, attr)
-    graph.eliminate_dead_code()
-    graph.lint()
+    _in_order(graph)
+    graph.eliminate_dead_code()  # (which lints the graph first)
     gm = GraphModule(capture.gm, graph)
     sources, spec, leaves = capture.sources, capture.out_spec, capture.out_leaves
 
@@ -464,6 +557,19 @@ def _rewritten(swap, module, capture, ktypes):
         outs = iter(gm(*[_read(steps, scope) for steps in sources]))
         return pytree.tree_unflatten([next(outs) if v is OUTPUT else v for v in leaves], spec)
     return run, sorted({p.ktype for p in plugs}), left
+
+
+def _in_order(graph):
+    """Each node moved after the nodes it reads, the order kept otherwise: a call inserted after
+    the last node of what it replaces comes after readers of an earlier output of it."""
+    done, waiting = set(), []
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    for n in [n for n in graph.nodes if n is not output]:
+        waiting.append(n)
+        while (ready := next((w for w in waiting if set(w.all_input_nodes) <= done), None)):
+            waiting.remove(ready)
+            output.prepend(ready)
+            done.add(ready)
 
 
 def _looked_up(owner, attr):

@@ -9,17 +9,21 @@ by torch.func.functional_call at every call, so a trained model's values are the
 Only where ModelNew keeps a tensor in another layout (a starter's convolution weights in
 channels_last) is the instance's tensor copied, once, into that layout.
 
-A region may be only part of its module's forward (the calls of a kernel type inside the same
-module are not in it). So the first call of each instance with inputs of a new signature (shapes,
-strides, dtypes, other arguments) runs both the module's own forward and ModelNew on the same
-inputs, in eager mode: where the outputs differ beyond the dtype's tolerance
-(or ModelNew does not take these inputs), the instance keeps its own forward for good and the
-reason is counted as the kernel's fallback; where they agree, ModelNew runs from then on, each
-call counted. Where the region is all a child module computes (a torch.nn conv in a block that
-also runs a kernel type: profile.json's "plug"), that child's forward is the one replaced, its
-tensors named as the region's module names them. A region kernel none of whose instances could
-be plugged is "not plugged" in verify.py's report (with the reasons), not a failure: plugging a
-region that is part of a forward needs the graph-level swap that is not built yet.
+The first call of each instance with inputs of a new signature (shapes, strides, dtypes, other
+arguments) runs both the module's own forward and ModelNew on the same inputs, in eager mode:
+where the outputs differ beyond the dtype's tolerance (or ModelNew does not take these inputs),
+the instance keeps its own forward for good and the reason is counted as the kernel's fallback;
+where they agree, ModelNew runs from then on, each call counted. Where the region is all a child
+module computes (a torch.nn conv in a block that also runs a kernel type: profile.json's
+"plug"), that child's forward is the one replaced, its tensors named as the region's module
+names them. ModelNew's inputs are made contiguous first (as_drawn): its reference drew them so.
+
+A region that is only part of a forward (plug null: a written-out GELU between two linears, a
+DoubleConv's half before a softmax) is plugged into the forward's captured graph instead
+(autokernel/swap_graph.py finds it there by its id and calls graph_call in its place), as is a
+region kernel named without a plan. A region kernel none of whose instances could be plugged is
+"not plugged" in verify.py's report (with the reasons), not a failure, unless a forward's
+graph with it in disagreed with the forward's own (a wrong kernel: a failure, as any kernel's).
 
 Inside torch.compile (a compiled swap: verify.py runs the model once eagerly inside the swap,
 then compiles it), each instance's forward is traced by Dynamo and calls the kernel's custom op
@@ -29,7 +33,7 @@ signature (shapes, strides, dtypes, other arguments) an eager call ran go throug
 any other runs the module's own forward in the graph.
 """
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from autokernel import ops
 from autokernel.kernel_types import TOLERANCES
@@ -42,6 +46,8 @@ def patches(swap, model):
     found, current = [], {}  # module -> its forward so far (two regions of one forward chain)
     names = dict(model.named_modules())
     for kernel in swap.regions:
+        if kernel.plug is None:  # part of a forward: the graph swap's (graph_call)
+            continue
         for path in kernel.instances:
             module = names.get(kernel.site(path))
             if module is None:
@@ -72,16 +78,8 @@ def instance_forward(swap, kernel, module, path, original):
             return None, f"the module has no tensor for ModelNew.{missing[0]}"
         return {n: in_layout(own[n], mine[n]) for n in wanted}, None
 
-    def in_layout(t, like):
-        """The instance's tensor, or, where ModelNew holds its own in another layout (a
-        convolution's weight in channels_last), a copy of it in that layout, made once."""
-        if t.shape != like.shape or t.stride() == like.stride():
-            return t
-        with torch.no_grad():
-            return torch.empty_strided(t.shape, like.stride(), dtype=t.dtype,
-                                       device=t.device).copy_(t)
-
     def run(args, kwargs):
+        args, kwargs = tree_map(as_drawn, (args, kwargs))
         return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
 
     def forward(*args, **kwargs):
@@ -158,6 +156,72 @@ def instance_forward(swap, kernel, module, path, original):
         return why, want, got
 
     return forward
+
+
+def as_drawn(value):
+    """An activation as the region's reference draws its inputs, and so as the kernel was judged
+    on: contiguous (a copy where the model's is not: an expanded class token, a transposed
+    view)."""
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
+
+
+def in_layout(t, like):
+    """The instance's tensor, or, where ModelNew holds its own in another layout (a
+    convolution's weight in channels_last), a copy of it in that layout."""
+    if t.shape != like.shape or t.stride() == like.stride():
+        return t
+    with torch.no_grad():
+        return torch.empty_strided(t.shape, like.stride(), dtype=t.dtype,
+                                   device=t.device).copy_(t)
+
+
+def graph_call(swap, kernel, names, where):
+    """The function a rewritten graph calls in place of a region's nodes (autokernel/
+    swap_graph.py): ModelNew on the region's inputs, input i being ModelNew's tensor names[i]
+    (one of the model's parameters or buffers, read by the graph at every call) or, where
+    names[i] is None, the next argument of its forward. Calls are counted at `where`; inside
+    torch.compile it is the kernel's custom op, whose fake gives the outputs its first eager
+    call saw (the graph swap traces only graphs whose first call ran eagerly)."""
+    state = {"new": None, "key": None, "spec": None, "copies": {}}
+
+    def run(inputs):
+        if state["new"] is None:
+            like = next((t for t, n in zip(inputs, names) if n is not None), inputs[0])
+            state["new"] = kernel.fn().to(device=like.device, dtype=like.dtype)
+        mine = dict([*state["new"].named_parameters(), *state["new"].named_buffers()])
+        given = {n: t for n, t in zip(names, inputs) if n is not None}
+        missing = [n for n in mine if n not in given]
+        if missing:
+            raise RuntimeError(f"ModelNew.{missing[0]} is none of the region's tensors")
+        tensors = {n: laid_out(t, mine[n]) for n, t in given.items() if n in mine}
+        args = [as_drawn(t) for t, n in zip(inputs, names) if n is None]
+        return torch.func.functional_call(state["new"], tensors, tuple(args))
+
+    def laid_out(t, like):
+        """in_layout, its copy made again only when the tensor has changed (a training step)."""
+        kept = state["copies"].get(id(t))
+        if kept is None or kept[0] is not t or kept[1] != t._version:
+            kept = state["copies"][id(t)] = (t, t._version, in_layout(t, like))
+        return kept[2]
+
+    def body(tensors):
+        swap.calls[kernel.name] += 1
+        return tree_flatten(run(tensors))[0]
+
+    def region(*inputs):
+        if torch.compiler.is_compiling():
+            if state["key"] is None:  # a swap that is not compiled, inside torch.compile
+                return run(inputs)
+            outs = state["op"](list(inputs), state["key"])
+            return tree_unflatten(outs, state["spec"])
+        out = run(inputs)
+        swap.calls[kernel.name] += 1
+        swap.shapes[kernel.name].add(where)
+        if swap.compiled and state["key"] is None:  # (ops.py holds body weakly; this closure
+            leaves, state["spec"] = tree_flatten(out)  # keeps it)
+            state["key"], state["op"] = ops.region_call(body, leaves), ops.region_op(kernel)
+        return out
+    return region
 
 
 def frame_of(got, want):

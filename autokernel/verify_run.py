@@ -119,8 +119,10 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
     for k, e in zip(kernels, entries):
         if k.optional and e["status"] == "never ran":
             e["status"] = "unused"  # a starter with nothing to replace here: not a replacement
-        elif k.kernel_type == "region" and e["status"] == "never ran" and e["fallbacks"]:
-            e["status"] = "not plugged"  # a region swap_regions cannot reach yet (its reason)
+        elif k.kernel_type == "region" and e["status"] == "never ran" and e["fallbacks"] \
+                and not any("differs from its own" in why for why in e["fallbacks"]):
+            e["status"] = "not plugged"  # no instance the swap could reach (the reasons): a
+                                         # kernel that computed something else never ran
     used = [(k, e) for k, e in zip(kernels, entries)
             if e["status"] not in ("unused", "not plugged")]
     entries += left_out

@@ -18,6 +18,7 @@ its own. A file that fails is left out and the run fails. --no-regate skips this
 checks.
 """
 import glob
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -36,10 +37,12 @@ from autokernel.workspace import plan_kernels, read_plan
 
 
 def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, instances=None,
-                plug=""):
+                plug=None, region_id=None):
     """A kernel file, imported and checked against the contract; its dispatch shapes are the
     plan's, else its BENCH_SHAPES, else none (it takes every shape of its type). A region
-    kernel's callable is its ModelNew, plugged into the plan's instances of the region."""
+    kernel's callable is its ModelNew, plugged into the plan's instances of the region (their
+    forwards, or at `plug` in them), or, with no plug, wherever the model's graph computes its
+    region (the plan's id, else the one its reference's file name ends in)."""
     path = kernel_path(path)
     try:
         module = load_module(path)
@@ -49,8 +52,9 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, 
         if not isinstance(getattr(module, "ModelNew", None), type):
             raise UsageError(f"{path}: a region kernel file must define class ModelNew")
         name = name or getattr(module, "KERNEL_NAME", None) or path.stem
+        found = re.search(r"_(r[0-9a-f]{8})\.py$", str(getattr(module, "KERNELBENCH_PROBLEM", "")))
         return Kernel(name, "region", path, module.ModelNew, [], optional,
-                      list(instances or []), plug or "")
+                      list(instances or []), plug, region_id or (found and found.group(1)) or "")
     try:
         declared = check_module(module)["kernel_type"]
     except KernelFileError as e:
@@ -81,7 +85,8 @@ def kernel_specs(args):
         plan = read_plan(args.plan)
         regions = {name: k.get("region") or {} for name, k in plan_kernels(plan).items()}
         specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False,
-                  regions[name].get("instances"), regions[name].get("plug"))
+                  regions[name].get("instances"), regions[name].get("plug"),
+                  regions[name].get("id"))
                  for name, k in plan_kernels(plan).items()]
         rows = None if args.no_regate else read_rows(args.results)
         for line in unplaced_keeps(plan, rows or []):

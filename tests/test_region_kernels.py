@@ -280,38 +280,74 @@ def test_a_call_with_no_generated_code_is_named(tmp_path, body, says):
         region_starter.starter_source(path, {"doc": "", "contract": ""})
 
 
-def test_verify_plugs_whole_module_regions_in_and_names_the_rest(extracted):
-    """Block and the GroupNorm block are whole modules: their kernels replace them (calls > 0,
-    the model's outputs match). The written-out GELU is part of its MLP's forward (the linears
-    are the matmul type's): not plugged, with the reason, and not a failure."""
+def test_verify_plugs_every_region_in_whole_forwards_and_parts_of_them(extracted):
+    """Block and the GroupNorm block are whole modules: their kernels replace their forwards.
+    The written-out GELU is part of its MLP's forward (the linears are the matmul type's): it
+    is plugged into the MLP's captured graph, between the matmul kernel's two calls. Each
+    kernel's calls > 0, the model's outputs match."""
     work, plan, _ = extracted
     out = cli("verify.py", "--plan", str(work / "plan.json"), "--no-timing", "--no-regate",
               "--out", str(work / "verify.json"))
     report = json.loads((work / "verify.json").read_text())
-    status = {k["name"]: (k["status"], k["calls"]) for k in report["kernels"]}
+    status = {k["name"]: (k["status"], k["calls"], k["shapes"]) for k in report["kernels"]}
     block = next(n for n in status if n.startswith("block_"))
     diffusion = next(n for n in status if n.startswith("groupnormsiluconv_"))
-    assert status[block] == ("ok", 1) and status[diffusion] == ("ok", 1), status
-    mlp = [n for n in status if n.startswith("gelumlp_")]
-    for name in mlp:
-        entry = next(k for k in report["kernels"] if k["name"] == name)
-        assert entry["status"] == "not plugged" and "part of the module's forward" in \
-            " ".join(entry["fallbacks"]), entry
+    mlp = next(n for n in status if n.startswith("gelumlp_"))
+    assert next(k for k in plan["kernels"] if k["name"] == mlp)["region"]["plug"] is None
+    assert status[block] == ("ok", 1, ["block"]) and status[diffusion] == \
+        ("ok", 1, ["diffusion"]) and status[mlp] == ("ok", 1, ["mlp"]), status
+    matmul = [v for n, v in status.items() if n.startswith("matmul_")]
+    assert all(v[0] == "ok" and v[1] >= 1 for v in matmul), status
     assert report["passed"] and "verdict: PASS" in out, out[-2000:]
 
 
-def test_whole_module_regions_run_inside_torch_compile_as_one_op_each(extracted):
+def test_a_region_kernel_named_alone_is_found_by_its_region(extracted):
+    """`verify.py --kernels FILE` with a region kernel and no plan: the region's id (from its
+    reference's file name) finds every place the model computes it."""
+    work, plan, _ = extracted
+    mlp = next(k for k in plan["kernels"] if k["name"].startswith("gelumlp_"))
+    cli("verify.py", "--model", str(work / "net.py"), "--kernels", str(work / f"{mlp['name']}.py"),
+        "--no-timing", "--no-regate", "--out", str(work / "alone.json"))
+    entry, = json.loads((work / "alone.json").read_text())["kernels"]
+    assert (entry["status"], entry["calls"], entry["shapes"]) == ("ok", 1, ["mlp"]), entry
+
+
+def test_a_wrong_region_kernel_in_a_graph_fails_with_the_reason(extracted, tmp_path):
+    """A GELU kernel whose tanh is halved: the MLP's rewritten graph disagrees with
+    its own forward, so the MLP keeps its own code and verify fails, naming the difference."""
+    from autokernel import verify_run
+    from autokernel.verify_select import load_kernel
+    work, plan, _ = extracted
+    mlp = next(k for k in plan["kernels"] if k["name"].startswith("gelumlp_"))
+    text = (work / f"{mlp['name']}.py").read_text()
+    wrong = tmp_path / f"{mlp['name']}.py"
+    wrong.write_text(text.replace("- 1)  # tanh", "- 1) * 0.5  # tanh"))
+    assert wrong.read_text() != text
+    problem = load_module(work / "net.py")
+    report = verify_run.verify(problem.Model().eval(), problem.get_inputs(),
+                               [load_kernel(wrong, region_id=mlp["region"]["id"])],
+                               timing=False)
+    entry, = report["kernels"]
+    assert entry["status"] == "never ran" and not report["passed"], entry
+    assert any("at mlp: the forward with " in r and "differs from its own" in r
+               for r in entry["fallbacks"]), entry
+    assert report["correctness"]["passed"]  # the model's own code ran: its outputs are right
+
+
+def test_regions_run_inside_torch_compile_as_one_op_each(extracted):
     """A compiled swap (verify.py's torch.compile with the kernels inside) plugs the regions in
-    as custom ops: after the eager forward that checks each instance, the compiled forward has
-    no graph break, calls each region kernel once, and gives the model's outputs."""
+    as custom ops, whole forwards and the GELU inside its MLP's graph alike: after the eager
+    forward that checks each instance, the compiled forward has no graph break, calls each
+    region kernel once, and gives the model's outputs."""
     from autokernel import verify_run
     from autokernel.swap import Swap
     from autokernel.verify_select import load_kernel
     work, plan, _ = extracted
     entries = [k for k in plan["kernels"]
-               if k["name"].startswith(("block_", "groupnormsiluconv_"))]
+               if k["name"].startswith(("block_", "groupnormsiluconv_", "gelumlp_"))]
     kernels = [load_kernel(work / f"{k['name']}.py", k["name"], instances=k["region"]["instances"],
-                           plug=k["region"]["plug"]) for k in entries]
+                           plug=k["region"]["plug"], region_id=k["region"]["id"])
+               for k in entries]
     problem = load_module(work / "net.py")
     model, inputs = problem.Model().eval(), problem.get_inputs()
     swap = Swap(kernels, compiled=True)
@@ -325,7 +361,7 @@ def test_whole_module_regions_run_inside_torch_compile_as_one_op_each(extracted)
             got = compiled(*inputs)
     finally:
         torch._dynamo.reset()
-    assert len(kernels) == 2 and {k.name: swap.calls[k.name] for k in kernels} == \
+    assert len(kernels) == 3 and {k.name: swap.calls[k.name] for k in kernels} == \
         {k.name: 1 for k in kernels}, dict(swap.calls)
     assert torch.allclose(got, want, atol=1e-5)
 

@@ -179,6 +179,51 @@ def test_inside_torch_compile_the_kernel_is_one_op_without_graph_breaks(net):
     assert compare_runs(run, run_ref)["passed"]
 
 
+def test_regions_beside_written_out_attention_are_plugged_into_the_same_graphs(net, tmp_path):
+    """The profile's regions of this model: the qkv split and the mask's test (two outputs and
+    more), the copy after minGPT's attention (it reads the attention's output), the encoder's
+    chunk, and the residual add of the model's own forward (twice there). Each as a region kernel
+    (ModelNew: its reference's Model) beside the flash_attention kernel: the model's graph holds
+    the adds and, inside it, the blocks' regions and attention, every one plugged and counted,
+    eager and inside torch.compile, and the outputs match."""
+    _, module = net
+    model, inputs = model_of(module)
+    result = profile_script.profile_model(model, inputs, torch.device("cpu"), torch.float32,
+                                          warmup=0, iters=1)
+    kernels = []
+    for e in result["entries"]:
+        r = e.get("region")
+        if r:
+            path = tmp_path / f"{r['label']}_{r['id']}.py"
+            path.write_text(r["reference"])
+            assert r["plug"] is None  # none is a whole forward: each is a graph's part
+            kernels.append(Kernel(r["id"], "region", path, load_module(path, r["id"]).Model,
+                                  [], False, r["instances"], None, r["id"]))
+    ops = {k.name: next(e["region"]["ops"] for e in result["entries"] if e["name"].endswith(
+        k.name)) for k in kernels}
+    assert sorted(map(tuple, ops.values())) == [("add",), ("chunk",), ("contiguous",),
+                                                 ("split", "eq")], ops
+    want = {k.name: 2 if ops[k.name] == ["add"] else 1 for k in kernels}
+    want["flash_attention"] = 2
+    run_ref = checked_forward(model, inputs)
+    for compiled in (False, True):
+        swap = Swap([verify_select.load_kernel(TEST_KERNEL), *kernels], compiled=compiled)
+        try:
+            with swap.installed(model):
+                run = checked_forward(model, inputs)
+                if compiled:
+                    assert verify_run.graph_breaks(model, inputs) == 0
+                    run = torch.compile(model, backend="aot_eager")
+                    forward(run, inputs)
+                    swap.reset()
+                    run = checked_forward(run, inputs)
+        finally:
+            torch._dynamo.reset()
+        assert dict(swap.calls) == want and not swap.fallbacks, (compiled, dict(swap.calls),
+                                                                 dict(swap.fallbacks))
+        assert compare_runs(run, run_ref)["passed"]
+
+
 class Recording:
     """A flash_attention kernel_fn (the reference) that records what it was given."""
 
