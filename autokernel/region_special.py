@@ -244,12 +244,18 @@ def _pair(value, name):
 
 
 def pool_code(index, n):
-    """max_pool2d / avg_pool2d (and adaptive_avg_pool2d where the windows are equal) over an
-    (N, C, H, W) in any strides: one program per BLOCK outputs (in the output's memory order),
-    the window unrolled."""
+    """max_pool2d / avg_pool2d (and adaptive_avg_pool2d, adaptive_avg_pool1d where the windows
+    are equal) over an (N, C, H, W) in any strides: one program per BLOCK outputs (in the
+    output's memory order), the window unrolled. A 1-d pool's (N, C, L) is (N, C, 1, L)."""
     name = op(n)
     x = arg(n, 0, "input")
     (x_shape, x_strides), (out_shape, out_strides) = meta(x), meta(n)
+    allocated = allocation(out_shape, out_strides, "x0.dtype")
+    if name == "adaptive_avg_pool1d" and len(x_shape) == 3:  # H = 1, any stride
+        x_shape, x_strides = (*x_shape[:2], 1, x_shape[2]), (*x_strides[:2], 0, x_strides[2])
+        out_shape, out_strides = (*out_shape[:2], 1, out_shape[2]), \
+            (*out_strides[:2], 0, out_strides[2])
+        name = "adaptive_avg_pool2d"
     if len(x_shape) != 4:
         raise StarterError(f"{name} of a {len(x_shape)}-d input")
     (N, C, H, W), (OH, OW) = x_shape, out_shape[-2:]
@@ -322,7 +328,7 @@ def pool_code(index, n):
     lines += ["    tl.store(out + offs, acc, mask=mask)", ""]
     launcher = [f"def kernel_{index}(x0):", f'    """{op(n)}: one Triton kernel."""',
                 *layout_check(f"kernel_{index}", [x]),
-                f"    out = {allocation(out_shape, out_strides, 'x0.dtype')}",
+                f"    out = {allocated}",
                 f"    _pool_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
                 "num_warps=NUM_WARPS)", "    return out", ""]
     return "\n".join(lines), "\n".join(launcher), [x], [n]
@@ -411,18 +417,24 @@ REDUCED = {"sum": ("0.0", "acc + v", "tl.sum"), "mean": ("0.0", "acc + v", "tl.s
 
 def reduce_code(index, n):
     """sum, mean, amax, amin over one or several dims (keepdim or not: a CNN's head is a mean
-    over H and W) and softmax, log_softmax over one dim: one program a row (an element of the
-    kept dims), its reduced elements walked RBLOCK at a time in fp32 with any strides. softmax
-    takes three walks: the row's max, the sum of exponentials, then the outputs."""
+    over H and W) and softmax, log_softmax, normalize (p = 1 or 2: Swin V2's cosine attention)
+    over one dim: one program a row (an element of the kept dims), its reduced elements walked
+    RBLOCK at a time in fp32 with any strides. softmax takes three walks: the row's max, the sum
+    of exponentials, then the outputs; normalize two: the row's norm, then the outputs."""
     name, x = op(n), arg(n, 0, "input")
     (x_shape, x_strides), (out_shape, out_strides) = meta(x), meta(n)
     rank, softmax = len(x_shape), name in ("softmax", "log_softmax")
-    dims = arg(n, 1, "dim")
+    rowwise = softmax or name == "normalize"  # an output per element, from its row's reduction
+    dims = arg(n, 2, "dim", 1) if name == "normalize" else arg(n, 1, "dim")
     if n.kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in n.args) \
             or n.meta["tensor_meta"].dtype != x.meta["tensor_meta"].dtype:  # a bool mask's sum
         raise StarterError(f"{name} with a dtype (write this region's kernel by hand)")
-    if softmax and not isinstance(dims, int):
+    if rowwise and not isinstance(dims, int):
         raise StarterError(f"{name} over dim {dims!r}")
+    p, eps = (float(arg(n, 1, "p", 2.0)), float(arg(n, 3, "eps", 1e-12))) \
+        if name == "normalize" else (None, None)
+    if name == "normalize" and p not in (1.0, 2.0):
+        raise StarterError(f"normalize with p={p} (p = 1 or 2 have generated code)")
     dims = range(rank) if dims is None else dims if isinstance(dims, (list, tuple)) else [dims]
     dims = sorted({d % rank for d in dims})
     kept = [d for d in range(rank) if d not in dims]
@@ -430,9 +442,9 @@ def reduce_code(index, n):
     if not dense(out_shape, out_strides):
         out_strides = contiguous(out_shape)
     reduced = ([x_shape[d] for d in dims], [x_strides[d] for d in dims])
-    out_reduced = [out_strides[d] for d in dims] if softmax else None
+    out_reduced = [out_strides[d] for d in dims] if rowwise else None
     row_in = index_expr([x_shape[d] for d in kept], [x_strides[d] for d in kept], "row")
-    place = kept if softmax or len(out_shape) == rank else range(len(kept))
+    place = kept if rowwise or len(out_shape) == rank else range(len(kept))
     row_out = index_expr([x_shape[d] for d in kept], [out_strides[p] for p in place], "row")
     rblock = min(triton_pow2(R), 1024)
     lines = ["@triton.jit", f"def _reduce_{index}(x, out, RBLOCK: tl.constexpr):",
@@ -454,6 +466,15 @@ def reduce_code(index, n):
                          "y = v - top - tl.log(total)",
                          f"tl.store(out + {index_expr(reduced[0], out_reduced, 'r')}, y, "
                          f"mask=r < {R})"], "0.0")]
+    elif name == "normalize":
+        lines += ["    acc = tl.zeros([RBLOCK], tl.float32)",
+                  *walk(["acc += v * v" if p == 2.0 else "acc += tl.abs(v)"], "0.0"),
+                  "    norm = " + ("tl.sqrt(tl.sum(acc, axis=0))" if p == 2.0 else
+                                   "tl.sum(acc, axis=0)"),
+                  f"    norm = tl.maximum(norm, {eps!r})",
+                  *walk(["y = v / norm",
+                         f"tl.store(out + {index_expr(reduced[0], out_reduced, 'r')}, y, "
+                         f"mask=r < {R})"], "0.0")]
     else:
         identity, fold, finish = REDUCED[name]
         lines += [f"    acc = tl.full([RBLOCK], {identity}, tl.float32)",
@@ -473,5 +494,6 @@ def triton_pow2(n):
 
 
 SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
+           "adaptive_avg_pool1d": pool_code,
            "cat": cat_code, "pad": pad_code, **{name: reduce_code for name in REDUCED},
-           "softmax": reduce_code, "log_softmax": reduce_code}
+           "softmax": reduce_code, "log_softmax": reduce_code, "normalize": reduce_code}

@@ -13,8 +13,8 @@ each call sorted into
     its statistics, then the normalization and the calls after it in one pass); a number the
     forward makes a tensor of is a constant of the kernel;
   * a pooling window (max, average, an adaptive average with equal windows), a cat, a constant
-    pad, or a reduction (sum, mean, amax, amin over any dims; softmax, log_softmax over one):
-    a kernel of its own (autokernel/region_special.py).
+    pad, or a reduction (sum, mean, amax, amin over any dims; softmax, log_softmax, normalize
+    over one): a kernel of its own (autokernel/region_special.py).
 A region with a 2-d convolution is traced in channels_last (NHWC), as torch.compile runs it:
 cuDNN's convolutions are fastest there, and the kernels between them walk and write NHWC (the
 layouts: autokernel/region_special.py). Its forward copies a 4-d input that comes in NCHW into
@@ -590,6 +590,9 @@ def _fold_scalars(gm):
         if n.op != "get_attr" or not n.target.startswith("_tensor_constant"):
             continue
         t = getattr(gm, n.target)
+        if any(op(u) == "getitem" for u in n.users):  # the trace folded an index buffer's view
+            raise StarterError("indexing with a tensor (a gather: no generated code for it yet; "
+                               "write this region's kernel by hand)")
         if t.dim() != 0 or t.dtype == torch.bool or t.is_complex() or \
                 not all(op(u) in ELEMENTWISE for u in n.users):
             raise StarterError(f"a tensor of shape {tuple(t.shape)} made from constants in the "

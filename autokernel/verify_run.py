@@ -107,6 +107,10 @@ def verify(model, inputs, kernels, *, diagnose=False, timing=True, warmup=None, 
                          "--input-shape or --config") from None
     except Exception as e:
         raise ModelError(f"the original model raised {describe(e)}") from None
+    if not torch.isfinite(run_ref[0]).any():
+        raise ModelError(f"the original model's output {tuple(run_ref[0].shape)} is all NaN or "
+                         "inf: there is nothing to compare the kernels with (its init, dtype or "
+                         "inputs give that: try --dtype fp32 or other inputs)")
 
     swap = Swap(kernels, weights, weight_layout)
     steps.start("run with the kernels", f"one forward with {len(kernels)} kernel file(s) in, "

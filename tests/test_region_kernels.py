@@ -228,6 +228,9 @@ BODIES = {
     "softmax and log_softmax over a dim of a permuted operand":
     "return torch.softmax(in0 * 2, dim=1) + torch.log_softmax(in1.permute(0, 3, 2, 1), -1)",
     "amin over every element": "return torch.relu(in0).amin() + in1.sum()",
+    "normalize (Swin V2's cosine attention) over the last dim and, p=1, over a permuted one":
+    "return torch.nn.functional.normalize(in0, dim=-1) + torch.nn.functional.normalize("
+    "in1.permute(0, 3, 2, 1), p=1, dim=2, eps=1e-6)",
     "broadcast bias, a permuted operand, hardtanh": "return torch.nn.functional.hardtanh("
     "in0 + self.bias + in1.permute(0, 3, 2, 1), -0.5, 0.5)",
     "a transposed copy (a region of copies)": "return in0.transpose(1, 3).contiguous() * 2",
@@ -241,6 +244,8 @@ BODIES = {
     "in0, 2, 1, 1, count_include_pad=False)",
     "a global average pool, flattened (a classifier's head)": "return torch.flatten("
     "torch.nn.functional.adaptive_avg_pool2d(in0, 1), 1)",
+    "a 1-d adaptive average pool of a transposed input (Swin's head)": "return torch.nn."
+    "functional.adaptive_avg_pool1d(in0.flatten(2).transpose(1, 2), 2) * 2",
     "GroupNorm, SiLU (a diffusion block's) on offset data": "return torch.nn.functional.silu("
     "torch.nn.functional.group_norm(in0 * 3 + 100, 2, self.bias[:4] * 2, self.bias[2:]))",
     "cat along the last dim, one input permuted": "return torch.cat([in0, in1.permute(0, 3, 2, "
