@@ -18,7 +18,9 @@ Where it is used (the folder's parent on PYTHONPATH, or the folder copied next t
 The kernels: those of workspace/plan.json whose file is a kept version in results.tsv, byte for
 byte the version bench.py judged (a kernel with no kept version is left out; a file edited after
 its keep stops the export; a kept row on this branch that no plan kernel is named after is named
-on a line of its own). Exporting does not re-gate: verify.py is the morning re-check, and
+on a line of its own). A kept region kernel ships with its region's reference (the smoke test's
+oracle) and is plugged in where the model computes its region, as verify.py plugs it. Exporting
+does not re-gate: verify.py is the morning re-check, and
 the package's smoke test checks each kernel on the machine it runs on. The package's layout and
 manifest: autokernel/export.py. An earlier export of the same name in --out is replaced.
 

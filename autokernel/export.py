@@ -11,12 +11,14 @@ write_package(kernels, out, name) writes out/<name>/:
                                    carries comes from it, any other name from its kernel_types.py.
                                    The package runs the swap rules verbatim.
     kernels/<name>.py              each kernel file, byte for byte
+    regions/<label>_<id>.py        a region kernel's reference (its problem file, the oracle)
     manifest.json                  {"name", "exported", "source", "kernel_types": {type: {"args",
                                    "uses_dot", "out_order"}} (all types: swap.py checks its rules
                                    against them),
                                    "tolerances": {dtype: the gate's} (computed.py's check),
                                    "kernels": [{"name", "kernel_type", "file", "shapes", "origin",
-                                   "sha256", "kept"}]}
+                                   "sha256", "kept", a region's "region": {"id", "instances",
+                                   "plug", "reference"}}]}
     smoke_cases.pt                 [{"kernel", "variant", "dtype", "shape", "inputs", "rtol",
                                    "atol"}]: small inputs made by the type's input makers, with the
                                    gate's tolerances for them (smoke_test.py)
@@ -66,6 +68,7 @@ class ShippedKernel:
     path: Path
     shapes: list  # the model's shapes it serves (swap.py dispatches by them); [] takes every one
     kept: str     # why it ships, one line
+    region: dict = None  # a region kernel's: id, instances, plug, reference (its problem file)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,12 +92,17 @@ def kept_kernels(plan, rows, log=print):
         if ok and is_cuda_kernel(path):
             # it builds through autokernel/cuda_build.py, which the package does not carry
             ok, why = None, f"{why}; a CUDA C++ kernel, which the package cannot build yet"
+        region = None
         if ok and entry["kernel_type"] == "region":
-            ok, why = None, f"{why}; a region kernel, which the package cannot plug in yet"
+            region = dict(entry["region"])
+            region["reference"] = ROOT / region["problem"] \
+                if not Path(region["problem"]).is_absolute() else Path(region["problem"])
+            if not region["reference"].is_file():
+                ok, why = None, f"{why}; its region's reference {region['problem']} is gone"
         log(f"  {name}: {why}" + ("" if ok else ": left out"))
         if ok:
             kept.append(ShippedKernel(name, entry["kernel_type"], path,
-                                      entry.get("shapes") or [], why))
+                                      entry.get("shapes") or [], why, region))
     return kept
 
 
@@ -166,6 +174,9 @@ def _write(pkg, kernels, name, source, log):
         'from)."""\n')
     for k in kernels:
         shutil.copyfile(k.path, pkg / files[k.name])
+        if k.region:  # its reference beside it: the smoke test's oracle
+            (pkg / "regions").mkdir(exist_ok=True)
+            shutil.copyfile(k.region["reference"], pkg / "regions" / k.region["reference"].name)
     manifest = {
         "name": name, "exported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": source,
@@ -174,7 +185,11 @@ def _write(pkg, kernels, name, source, log):
         "tolerances": {DTYPE_NAMES[d]: tol for d, tol in TOLERANCES.items()},
         "kernels": [{"name": k.name, "kernel_type": k.kernel_type, "file": files[k.name],
                      "shapes": [list(s) for s in k.shapes], "origin": rel(k.path),
-                     "sha256": digest(k.path.read_bytes()), "kept": k.kept} for k in kernels]}
+                     "sha256": digest(k.path.read_bytes()), "kept": k.kept,
+                     **({"region": {"id": k.region["id"], "instances": k.region["instances"],
+                                    "plug": k.region.get("plug", ""),
+                                    "reference": f"regions/{k.region['reference'].name}"}}
+                        if k.region else {})} for k in kernels]}
     (pkg / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     cases = smoke_cases(kernels)
     torch.save(cases, pkg / "smoke_cases.pt")
@@ -208,6 +223,8 @@ def smoke_cases(kernels, seed=0):
     gen = torch.Generator().manual_seed(seed)
     cases = []
     for k in kernels:
+        if k.region:  # judged against its reference instead (smoke_test.py)
+            continue
         ktype = KERNEL_TYPES[k.kernel_type]
         shape = ktype.cpu_shapes["stability"][0]
         for variant in ktype.variants:

@@ -371,6 +371,52 @@ def test_regions_run_inside_torch_compile_as_one_op_each(extracted):
     assert torch.allclose(got, want, atol=1e-5)
 
 
+def test_kept_region_kernels_ship_in_the_exported_package(extracted, tmp_path):
+    """export.py ships a kept region kernel with its reference: outside the repo, the package's
+    patch(model) plugs the conv block's kernel (a whole forward) and the GELU's (part of the
+    MLP's forward) in, the model computes the same, and its smoke test checks each against its
+    reference."""
+    import os
+
+    from autokernel.results import append_row
+    from autokernel.state import digest
+    work, plan, _ = extracted
+    names = [k["name"] for k in plan["kernels"] if k["name"].startswith(("block_", "gelumlp_"))]
+    results = tmp_path / "results.tsv"
+    for i, name in enumerate(names, start=1):
+        append_row({"experiment": i, "tag": name, "kernel_type": "region", "latency_us": 1.0,
+                    "correctness": "PASS", "status": "keep", "commit": "abc1234",
+                    "kernel_sha256": digest((work / f"{name}.py").read_bytes())}, results)
+    stdout = cli("export.py", "--out", str(tmp_path / "dist"), "--name", "night_regions",
+                 "--plan", str(work / "plan.json"), "--results", str(results))
+    assert all(f"  {n}: kept" in stdout for n in names), stdout
+    script = f"""
+import importlib.util, json, torch
+import night_regions
+spec = importlib.util.spec_from_file_location("net", {str(work / "net.py")!r})
+net = importlib.util.module_from_spec(spec); spec.loader.exec_module(net)
+torch.manual_seed(0)
+model, inputs = net.Model().eval(), net.get_inputs()
+with torch.no_grad():
+    want = model(*inputs)
+    with night_regions.patch(model) as handle:
+        got = model(*inputs)
+print(json.dumps({{"calls": handle.calls, "fallbacks": handle.fallbacks,
+                  "same": bool(torch.allclose(got, want, atol=1e-5))}}))
+"""
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "dist"), TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "dist", env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["calls"] == {n: 1 for n in names} and report["same"], report
+    proc = subprocess.run([sys.executable, "-m", "night_regions.smoke_test"],
+                          cwd=tmp_path / "dist", env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and all(f"  {n} (region): ok" in proc.stdout for n in names), \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 class PatchEmbed(torch.nn.Module):  # transformers' Swin: (embeddings, (height, width))
     def __init__(self):
         super().__init__()

@@ -47,14 +47,21 @@ from .kernel_types import HERE, MANIFEST  # noqa: E402
 
 
 def _load(entry):
-    """A kernel file of the package (kernels/<name>.py), as kernel_call.py's Kernel."""
+    """A kernel file of the package (kernels/<name>.py), as kernel_call.py's Kernel (a region
+    kernel's callable is its ModelNew, plugged in where the model computes its region)."""
     module = importlib.import_module(f"{__name__}.kernels.{Path(entry['file']).stem}")
+    region = entry.get("region")
+    if region:
+        return kernel_call.Kernel(entry["name"], "region", HERE / entry["file"], module.ModelNew,
+                                  [], False, list(region["instances"]), region["plug"],
+                                  region["id"])
     return kernel_call.Kernel(entry["name"], entry["kernel_type"], HERE / entry["file"],
                               module.kernel_fn, [tuple(s) for s in entry["shapes"]])
 
 
 KERNELS = [_load(entry) for entry in MANIFEST["kernels"]]
-OPS = {k.name: ops.kernel_op(k) for k in KERNELS}
+# (a region kernel's op is registered at its first call: its outputs' shapes come from there)
+OPS = {k.name: ops.kernel_op(k) for k in KERNELS if k.kernel_type != "region"}
 _in_effect = []  # the Patch handles not yet undone, oldest first
 
 

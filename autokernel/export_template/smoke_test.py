@@ -10,19 +10,22 @@ for each kernel, one small shape per variant of its type's contract (eps, no aff
 causal or not, grouped-query heads, a bias, a sum over another dim) in fp32, fp16 and bf16. Each
 kernel's kernel_fn (what patch(model) calls) is compared with reference.py's float64 oracle by
 AutoKernel's gate tolerances (stored with each case). bf16 cases of kernels that use tl.dot are
-skipped in the interpreter, which computes them wrongly.
+skipped in the interpreter, which computes them wrongly. A region kernel's ModelNew is compared
+with its region's reference (regions/), on the reference's inputs and parameters, in the dtype
+it was judged in.
 
 Exit status: 0 every case ran and matched, 1 a kernel raised, returned the wrong shape or dtype,
 or mismatched, 2 usage errors.
 """
 import argparse
+import importlib.util
 import sys
 import warnings
 
 import torch
 
 from . import KERNELS
-from .kernel_types import CUDA, DEVICE, HERE, KERNEL_TYPES
+from .kernel_types import CUDA, DEVICE, DTYPES, HERE, KERNEL_TYPES, MANIFEST, TOLERANCES
 
 
 def main(argv=None):
@@ -41,6 +44,11 @@ def main(argv=None):
     print(f"{len(cases)} cases, {len(kernels)} kernels, on {DEVICE}"
           + ("" if CUDA else " (Triton's interpreter)"))
     failed = skipped = 0
+    regions = [k for k in KERNELS if k.kernel_type == "region"]
+    for kernel in regions:
+        verdict = check_region(kernel)
+        failed += verdict.startswith("FAIL")
+        print(f"  {kernel.name} (region): {verdict}")
     for case in cases:
         verdict = check(kernels[case["kernel"]], case)
         failed += verdict.startswith("FAIL")
@@ -48,7 +56,7 @@ def main(argv=None):
         variant = f" {case['variant']}" if case["variant"] else ""
         print(f"  {case['kernel']} {'x'.join(map(str, case['shape']))} {case['dtype']}{variant}: "
               f"{verdict}")
-    print(f"smoke test: {len(cases) - failed - skipped} passed, {failed} failed, "
+    print(f"smoke test: {len(cases) + len(regions) - failed - skipped} passed, {failed} failed, "
           f"{skipped} skipped")
     return 1 if failed else 0
 
@@ -73,6 +81,41 @@ def check(kernel, case):
         worst = float((got.double() - want.double()).abs().max())
         return f"FAIL: {int((~close).sum())} of {close.numel()} values off (largest error " \
                f"{worst:.3g}, atol {case['atol']:.3g}, rtol {case['rtol']:.3g})"
+    return "ok"
+
+
+def check_region(kernel):
+    """'ok' or 'FAIL: ...': ModelNew against its region's reference Model (the same parameters,
+    loaded into it by name) on the reference's inputs, in the kernel's BENCH_DTYPE, at the
+    gate's tolerance (atol in units of the output's RMS)."""
+    entry = next(e for e in MANIFEST["kernels"] if e["name"] == kernel.name)
+    spec = importlib.util.spec_from_file_location(f"_reference_{kernel.name}",
+                                                  HERE / entry["region"]["reference"])
+    problem = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(problem)
+    dtype = DTYPES[getattr(sys.modules[kernel.fn.__module__], "BENCH_DTYPE", "fp32")]
+    torch.manual_seed(0)
+    model = problem.Model(*problem.get_init_inputs()).to(DEVICE, dtype).eval()
+    inputs = [x.to(DEVICE, dtype) if x.is_floating_point() else x.to(DEVICE)
+              for x in problem.get_inputs()]
+    try:
+        new = kernel.fn(*problem.get_init_inputs()).to(DEVICE, dtype).eval()
+        new.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            got, want = new(*inputs), model(*inputs)
+    except Exception as e:
+        return f"FAIL: raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    got, want = (got, want) if isinstance(want, (tuple, list)) else ((got,), (want,))
+    tol = TOLERANCES[dtype]
+    for g, w in zip(got, want):
+        if tuple(g.shape) != tuple(w.shape):
+            return f"FAIL: returned {tuple(g.shape)}, expected {tuple(w.shape)}"
+        g, w = g.double(), w.double()
+        atol = tol * float(w.square().mean().sqrt())
+        close = torch.isclose(g, w, rtol=tol, atol=atol)
+        if not bool(close.all()):
+            return f"FAIL: {int((~close).sum())} of {close.numel()} values off (largest error " \
+                   f"{float((g - w).abs().max()):.3g}, atol {atol:.3g}, rtol {tol:.3g})"
     return "ok"
 
 
