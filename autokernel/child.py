@@ -61,7 +61,7 @@ ALLOWED_OPS = ALLOCATIONS | {
     "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand", "t",
     "transpose", "permute", "squeeze", "unsqueeze", "select", "slice", "alias", "detach",
     "unbind", "split", "split_with_sizes", "chunk", "narrow", "unflatten", "view_as",
-    "expand_as", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "expand_as", "unfold", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
     "size", "stride", "dim", "numel", "storage_offset", "is_contiguous", "is_same_size",
     "is_non_overlapping_and_dense", "_local_scalar_dense", "record_stream",
 }

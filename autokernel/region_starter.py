@@ -54,7 +54,7 @@ from autokernel.region_special import (NHWC_INIT, RELAYOUT, SPECIAL, TO_LAYOUT,
 LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm"}
 VIEWS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "unsqueeze",
-         "squeeze", "expand", "expand_as", "view_as", "getitem", "size"}
+         "squeeze", "expand", "expand_as", "view_as", "getitem", "size", "unfold"}
 DROPOUTS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
             "feature_alpha_dropout"}  # identities in eval mode
 SAME = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as",
@@ -522,6 +522,7 @@ def _traced(module):
     try:
         gm = symbolic_trace(model)
         _propagate(gm, inputs)
+        _copying_reshapes(gm, inputs)
     except Exception as e:  # noqa: BLE001  (any trace failure: no generated starter)
         raise StarterError(f"the reference does not trace ({type(e).__name__}: {e})") from None
     if not any(_conv2d(gm, n) for n in gm.graph.nodes):
@@ -545,6 +546,26 @@ def _propagate(gm, inputs):
     kept off the terminal (the failure is an exception here: a StarterError, or NCHW)."""
     with contextlib.redirect_stderr(io.StringIO()):
         ShapeProp(gm).propagate(*inputs)
+
+
+def _copying_reshapes(gm, inputs):
+    """A reshape (or flatten) its input's strides cannot view (an image's unfolded patches
+    flattened, ViT's patch extraction) is a copy: a contiguous() goes before it, an elementwise
+    copy the starter fuses like any other, and the reshape views that."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if op(n) not in ("reshape", "flatten") or meta(arg(n, 0)) is None:
+            continue
+        try:
+            torch.empty_strided(*meta(arg(n, 0)), device="meta").view(meta(n)[0])
+        except RuntimeError:
+            with gm.graph.inserting_before(n):
+                copy = gm.graph.call_method("contiguous", (arg(n, 0),))
+            n.replace_input_with(arg(n, 0), copy)
+            changed = True
+    if changed:
+        gm.recompile()
+        _propagate(gm, inputs)
 
 
 def _conv2d(gm, n):

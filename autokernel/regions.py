@@ -112,7 +112,8 @@ def find_regions(gm, matches, root="forward", modules=None):
                 up.add(id(unit_of[a]))
         if n in owner:
             unit_of[n] = owner[n]
-        elif n.op != "output" and _is_tensor_call(n) and not _typed(n):
+        elif n.op != "output" and _is_tensor_call(n) and not _typed(n) \
+                and not _unpacks(n, unit_of):
             path, cls = owner_of(n, modules)
             key = (path or "", cls or root)
             # The module's open region first (a branch of the same code joins it), else one
@@ -130,12 +131,31 @@ def find_regions(gm, matches, root="forward", modules=None):
         deps[n] = frozenset(up)
     kept = []
     for r in regions:
+        _drop_passing_views(r, gm.graph)
         if all(op(n) in VIEWS - CASTS for n in r.nodes) or not _movable(r, gm.graph):
             continue
         _plug(r, gm.graph, modules)
         _seal(r, gm.graph)
         kept.append(r)
     return kept
+
+
+def _drop_passing_views(r, graph):
+    """Views of the region's inputs that only the rest of the model reads (ViT's class token
+    expanded beside its patches, which joined the forward's open region) leave it: they compute
+    nothing, and as outputs they would make a kernel return them too."""
+    leading = set()
+    for n in graph.nodes:
+        if n in r.nodes and op(n) in VIEWS - CASTS and \
+                all(a not in r.nodes or a in leading for a in n.all_input_nodes):
+            leading.add(n)
+    dropped = set()
+    while (gone := {n for n in leading - dropped
+                    if not any(u in r.nodes and u not in dropped for u in n.users)}):
+        dropped |= gone
+    if dropped and dropped != r.nodes:
+        r.nodes -= dropped
+        r.output = [n for n in graph.nodes if n in r.nodes][-1]
 
 
 def plug_path(nodes, module, graph, modules=None):
@@ -171,6 +191,16 @@ def _plug(r, graph, modules):
     if plug:
         r.nodes, r.plug = trimmed, plug
         r.output = [n for n in graph.nodes if n in trimmed][-1]
+
+
+def _unpacks(n, unit_of):
+    """Whether a call takes an item of a tuple that no region computes (the attention output
+    of F.multi_head_attention_forward, one call in the graph): that item is an input of the
+    regions reading it, as the call's value would be, not a region of its own."""
+    source = n.args[0] if op(n) == "getitem" and n.args else None
+    return isinstance(source, Node) and \
+        isinstance(source.meta.get("example_value"), (tuple, list)) and \
+        not isinstance(unit_of.get(source), Region)
 
 
 def _typed(n):

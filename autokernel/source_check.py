@@ -86,13 +86,13 @@ TENSOR_METHODS = frozenset((
     "view", "view_as", "reshape", "reshape_as", "contiguous", "as_strided", "expand",
     "expand_as", "t", "transpose", "permute", "squeeze", "unsqueeze", "select", "narrow",
     "unbind", "split", "split_with_sizes", "chunk", "unflatten", "flatten", "movedim", "detach",
-    "size", "stride", "dim", "ndimension", "numel", "nelement", "element_size", "data_ptr",
+    "unfold", "size", "stride", "dim", "ndimension", "numel", "nelement", "element_size", "data_ptr",
     "storage_offset", "untyped_storage", "is_contiguous", "is_same_size", "is_floating_point",
     "is_complex", "get_device", "type", "item", "new_empty", "new_empty_strided", "new_zeros",
     "new_ones", "new_full", "fill_", "zero_", "record_stream", "requires_grad_"))
 VIEWS = frozenset(("view", "view_as", "reshape", "reshape_as", "contiguous", "as_strided",
                    "expand", "expand_as", "t", "transpose", "permute", "squeeze", "unsqueeze",
-                   "narrow", "unflatten", "flatten", "movedim", "detach", "new_empty",
+                   "narrow", "unflatten", "flatten", "movedim", "unfold", "detach", "new_empty",
                    "new_empty_strided", "new_zeros", "new_ones", "new_full"))
 ALLOWED_MODULES = ("torch", "triton", "math", "functools", "itertools", "heapq", "bisect",
                    "weakref", "dataclasses", "typing", "collections", "enum", "numbers", "abc",
