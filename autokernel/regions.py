@@ -130,7 +130,7 @@ def find_regions(gm, matches, root="forward", modules=None):
             unit_of[n] = latest[key] = region
         deps[n] = frozenset(up)
     kept = []
-    for r in regions:
+    for r in [part for r in regions for part in _connected(r, gm.graph)]:
         _drop_passing_views(r, gm.graph)
         if all(op(n) in VIEWS - CASTS for n in r.nodes) or not _movable(r, gm.graph):
             continue
@@ -138,6 +138,31 @@ def find_regions(gm, matches, root="forward", modules=None):
         _seal(r, gm.graph)
         kept.append(r)
     return kept
+
+
+def _connected(r, graph):
+    """The region's pieces that no value of its own connects (Swin V2's normalized queries and
+    keys, which meet only in a matmul outside it): regions of their own, each convex as the
+    whole is, so each kernel computes one thing (and a kernel file returns one output where it
+    can, which the gate judges)."""
+    piece = {n: n for n in r.nodes}
+
+    def root(n):
+        while piece[n] is not n:
+            n = piece[n]
+        return n
+    for n in r.nodes:
+        for a in n.all_input_nodes:
+            if a in r.nodes:
+                piece[root(a)] = root(n)
+    groups = {}
+    for n in graph.nodes:
+        if n in r.nodes:
+            groups.setdefault(root(n), []).append(n)
+    if len(groups) == 1:
+        return [r]
+    return [Region(REGION, nodes[-1], set(nodes), label=r.label, module=r.module)
+            for nodes in groups.values()]
 
 
 def _drop_passing_views(r, graph):

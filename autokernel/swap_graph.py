@@ -523,13 +523,14 @@ def _rewritten(swap, module, capture, ktypes, also=()):
     graph, env = Graph(), {}
     graph.output(graph.graph_copy(capture.gm.graph, env))
     node = {n.name: env[n] for n in capture.gm.graph.nodes if n in env}
-    erased, replaced = set(), {}
+    erased, replaced, calls = set(), {}, []
     for p in plugs:
         mine = {node[a] for a in p.nodes}
         last = next(n for n in reversed(graph.nodes) if n in mine)
         with graph.inserting_after(last):  # every operand is there; readers move after it
             call = graph.call_function(_call(swap, p), tuple(replaced.get(a, node[a])
                                                              for a in p.operands))
+        calls.append((p, call))
         for i, name in enumerate(p.outputs):
             value = call
             if len(p.outputs) > 1:
@@ -549,6 +550,14 @@ def _rewritten(swap, module, capture, ktypes, also=()):
             node[name].target = _looked_up(owner, attr)
     _in_order(graph)
     graph.eliminate_dead_code()  # (which lints the graph first)
+    alive = set(graph.nodes)
+    dead = {p.ktype for p, call in calls if call not in alive}
+    left += [(t, "what it computes is read only by computations other kernels replace here "
+              "(a mask a flash_attention kernel takes as its causal flag): nothing to run")
+             for t in sorted(dead)]
+    plugs = [p for p in plugs if p.ktype not in dead]
+    if not plugs:
+        return None, "; ".join(why for _, why in left), []
     gm = GraphModule(capture.gm, graph)
     sources, spec, leaves = capture.sources, capture.out_spec, capture.out_leaves
 
