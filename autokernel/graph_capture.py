@@ -30,6 +30,7 @@ from torch.profiler import record_function
 
 from autokernel.cli import describe
 from autokernel.matches import Match, find_matches
+from autokernel.patching import fast_path_off
 from autokernel.patterns import PATTERNS
 from autokernel.recognize import REGION, module_scopes
 from autokernel.regions import find_regions, observe, record
@@ -43,7 +44,20 @@ def recognized_forward(model, inputs, say=print, skip=(), regions=None, origin=N
     each also run in its scope (origin: the model's description, for their reference files).
     When capture fails, the model itself inside its module classes' scopes, after one line
     saying so. Dynamo's caches are cleared afterwards: they would keep this model's graphs, and
-    after 8 of them Dynamo stops tracing that code."""
+    after 8 of them Dynamo stops tracing that code. nn.TransformerEncoderLayer's fast path is
+    off throughout (patching.fast_path_off), as it is with the kernels in."""
+    with fast_path_off():
+        if any(isinstance(m, torch.nn.TransformerEncoderLayer) and m.self_attn.batch_first
+               for m in model.modules()):
+            say("  nn.TransformerEncoderLayer's fast path (one fused op in eval, which no kernel "
+                "could replace) is off while profiling: its layers are ranked as their linears, "
+                "attention and norms; verify.py times the original model with it on")
+        with _recognized(model, inputs, say, skip, regions, origin) as forward:
+            yield forward
+
+
+@contextmanager
+def _recognized(model, inputs, say, skip, regions, origin):
     try:
         forward, matches = capture(model, inputs, skip, regions, origin)
     except Exception as e:  # noqa: BLE001  (any failure to trace leaves today's recognition)

@@ -37,6 +37,21 @@ def applying(patches):
         _undo(applied)
 
 
+@contextlib.contextmanager
+def fast_path_off():
+    """nn.TransformerEncoderLayer's (and nn.MultiheadAttention's) fast path off for the block:
+    in eval without autograd a batch_first layer is one fused op
+    (torch._transformer_encoder_layer_fwd), whose linears, attention and norms neither the
+    profile nor a kernel would see. The original model's timings keep it (verify.py's eager
+    and torch.compile runs are outside any swap)."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
 def _undo(applied):
     for owner, attr, had_own, old in reversed(applied):
         if had_own:

@@ -61,7 +61,8 @@ import torch.nn.functional as F
 import autokernel
 from autokernel import swap_graph, swap_hf, swap_modules, swap_regions, swap_torch
 from autokernel.kernel_call import Kernel, KernelOp, contract_shape
-from autokernel.patching import FALLBACK, applying, known_to_the_compiler, patched
+from autokernel.patching import (FALLBACK, applying, fast_path_off, known_to_the_compiler,
+                                 patched)
 from autokernel.weight_cache import WeightCache
 
 
@@ -195,7 +196,7 @@ class Swap:
             patches += swap_regions.patches(self, model)
         # Last, on the model's first forward: computations it writes out as torch ops that a
         # type's kernel takes, plugged into its graph (autokernel/swap_graph.py).
-        with applying(patches) as applied, self.compiling(patches), \
+        with applying(patches) as applied, self.compiling(patches), fast_path_off(), \
                 swap_graph.installed(self, model, applied, ENTRY_POINTS):
             yield self
 

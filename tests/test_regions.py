@@ -294,3 +294,28 @@ def test_a_region_that_is_all_a_child_computes_is_plugged_in_at_that_child(tmp_p
             got = model(x)
     assert swap.calls["k"] == 2 and not swap.fallbacks["k"], swap.fallbacks
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_batch_first_encoder_layer_is_seen_through_its_fast_path(capsys):
+    """nn.TransformerEncoderLayer(batch_first=True) in eval without autograd is one fused op
+    (torch._transformer_encoder_layer_fwd): the profile and a swap turn its fast path off, so
+    its linears, attention and norms are the kernel types' and kernels plug into them; the
+    setting is the user's again afterwards."""
+    from autokernel.endtoend import forward
+    from autokernel.swap import pluggable_types
+    torch.manual_seed(0)
+    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 2, 64, batch_first=True),
+                                  num_layers=2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        result = profile_script.profile_model(model, [x], torch.device("cpu"), torch.float32,
+                                              warmup=0, iters=1)
+    assert "fast path (one fused op in eval" in capsys.readouterr().out
+    types = {e["kernel_type"] for e in result["entries"]}
+    assert {"matmul", "layernorm", "flash_attention"} <= types, types
+    ops = [op for e in result["entries"] if e.get("region") for op in e["region"]["ops"]]
+    assert not any("transformer_encoder_layer" in op for op in ops), ops
+    with torch.no_grad():
+        plugged = pluggable_types(model, lambda m: forward(m, [x]))
+    assert {"matmul", "layernorm", "flash_attention"} <= plugged, plugged
+    assert torch.backends.mha.get_fastpath_enabled()
