@@ -12,6 +12,10 @@ captures; find_regions then cuts every call left over into regions:
   * within that module, a call joins the region of one of its inputs when that keeps the
     region convex (no path leaves the region and comes back into it), so every region can run
     as one block, which is what a kernel would replace; otherwise it starts a region;
+  * pieces of a region that no value of its own connects are regions of their own (one thing
+    computed, one output where it can be, which the gate judges), views of its inputs that only
+    the rest of the model reads leave it, and an item of a tuple that no region computes (the
+    output of F.multi_head_attention_forward, one call) is an input, not a region;
   * a region of views alone (a flatten) computes nothing and is left to the op names; a copy
     (contiguous, a cast) is work, and a region.
 Each region is described by what it computes (its calls in order, with their arguments, and
