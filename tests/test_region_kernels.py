@@ -135,21 +135,27 @@ def test_a_region_without_a_starter_gives_its_place_to_the_next(extracted, tmp_p
         (written.get("region") or {}).get("id") == (first.get("region") or {}).get("id")
 
 
-def test_a_region_without_a_reference_is_skipped_with_its_reason(extracted, tmp_path):
-    """A region no standalone file can name (KernelBench's ViT: a dropout whose input 0 is not
-    a tensor) is said in one line when its turn comes, not dropped without a word."""
+@pytest.mark.parametrize("change, says", [
+    # KernelBench's ViT: a dropout whose input 0 was a tuple's item
+    ({"reference": "", "note": "input 0 is not a tensor"},
+     "no standalone reference of it could be written (input 0 is not a tensor)"),
+    ({"outputs": [{"shape": [2], "dtype": "float32"}] * 2},
+     "it has 2 outputs, and the gate judges a kernel's one output tensor"),
+])
+def test_a_region_extract_cannot_write_is_skipped_with_its_reason(extracted, tmp_path, change,
+                                                                  says):
+    """Said in one line when its turn comes, not dropped without a word."""
     work, every, _ = extracted
     profile = json.loads((work / "profile.json").read_text())
     region = next(k for k in every["kernels"] if k["kernel_type"] == "region")
     first = next(e for e in profile["entries"] if e.get("group") == "region"
                  and e["region"]["id"] == region["region"]["id"])
-    first["region"]["reference"], first["region"]["note"] = "", "input 0 is not a tensor"
+    first["region"].update(change)
     first["share"], first["time_us"] = 2.0, 2 * profile["total_op_us"]
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     stdout = cli("extract.py", "--profile", str(tmp_path / "profile.json"), "--workspace",
                  str(tmp_path), "--top", "1")
-    assert f"skipped region {first['name']} (200.0%): no standalone reference of it could be " \
-           "written (input 0 is not a tensor)\n" in stdout, stdout
+    assert f"skipped region {first['name']} (200.0%): {says}" in stdout, stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["kernels"]) == 1 and (plan["kernels"][0].get("region") or {}).get("id") \
         != first["region"]["id"]  # the next candidate, a region or a type

@@ -158,23 +158,30 @@ def test_a_wrong_kernel_falls_back_where_it_disagrees_with_the_reason(net, tmp_p
     assert any("differs from its own" in f for f in report["failures"]), report["failures"]
 
 
+def run_swapped(model, inputs, kernels, compiled):
+    """(the swap, the model's run with the kernels in): eager, each instance checked at its
+    first call; compiled, the compiled forward's (its calls alone counted, after an eager
+    forward that checks), which must have no graph break."""
+    swap = Swap(kernels, compiled=compiled)
+    try:
+        with swap.installed(model):
+            run = checked_forward(model, inputs)
+            if compiled:
+                assert verify_run.graph_breaks(model, inputs) == 0
+                model = torch.compile(model, backend="aot_eager")
+                forward(model, inputs)
+                swap.reset()
+                run = checked_forward(model, inputs)
+    finally:
+        torch._dynamo.reset()
+    return swap, run
+
+
 def test_inside_torch_compile_the_kernel_is_one_op_without_graph_breaks(net):
     _, module = net
     model, inputs = model_of(module)
     run_ref = checked_forward(model, inputs)
-    kernels = [verify_select.load_kernel(TEST_KERNEL)]
-    swap = Swap(kernels, compiled=True)
-    try:
-        with swap.installed(model):
-            forward(model, inputs)  # eager: each instance captured and checked
-            assert swap.calls["flash_attention"] == 2
-            assert verify_run.graph_breaks(model, inputs) == 0
-            compiled = torch.compile(model, backend="aot_eager")
-            forward(compiled, inputs)
-            swap.reset()
-            run = checked_forward(compiled, inputs)
-    finally:
-        torch._dynamo.reset()
+    swap, run = run_swapped(model, inputs, [verify_select.load_kernel(TEST_KERNEL)], True)
     assert dict(swap.calls) == {"flash_attention": 2} and not swap.fallbacks
     assert compare_runs(run, run_ref)["passed"]
 
@@ -209,18 +216,8 @@ def test_regions_beside_written_out_attention_are_plugged_into_the_same_graphs(n
     want["flash_attention"] = 2
     run_ref = checked_forward(model, inputs)
     for compiled in (False, True):
-        swap = Swap([verify_select.load_kernel(TEST_KERNEL), *kernels], compiled=compiled)
-        try:
-            with swap.installed(model):
-                run = checked_forward(model, inputs)
-                if compiled:
-                    assert verify_run.graph_breaks(model, inputs) == 0
-                    run = torch.compile(model, backend="aot_eager")
-                    forward(run, inputs)
-                    swap.reset()
-                    run = checked_forward(run, inputs)
-        finally:
-            torch._dynamo.reset()
+        swap, run = run_swapped(model, inputs, [verify_select.load_kernel(TEST_KERNEL), *kernels],
+                                compiled)
         said = {k: list(v) for k, v in swap.fallbacks.items() if v}  # (an eager run's)
         assert dict(swap.calls) == want and list(said) == ([] if compiled else [mask]), \
             (compiled, dict(swap.calls), said)
