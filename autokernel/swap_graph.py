@@ -269,8 +269,7 @@ def _discover(model, args, kwargs, lists, wanted):
     """{module path: [(type, note or "")]} for the matches of the `wanted` GRAPH_RULES types
     and regions ("region:<id>") in the model's forward on these inputs (cached per model, input
     signature and wanted), by the innermost module their nodes ran in (a region's: the module
-    it was cut in); a match inside an instance that has one a kernel can take is left to that
-    instance's graph. {} when it cannot tell."""
+    it was cut in). {} when it cannot tell."""
     summary = _summary((args, kwargs))  # (the root's flag only: this runs at every forward)
     key = None if summary is None else (summary, model.training)
     seen = _DISCOVERED.setdefault(model, {}).setdefault(frozenset(wanted), {})

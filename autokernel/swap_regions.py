@@ -185,9 +185,11 @@ def graph_call(swap, kernel, names, where):
     state = {"new": None, "key": None, "spec": None, "copies": {}}
 
     def run(inputs):
-        if state["new"] is None:
-            like = next((t for t, n in zip(inputs, names) if n is not None), inputs[0])
-            state["new"] = kernel.fn().to(device=like.device, dtype=like.dtype)
+        if state["new"] is None:  # in the dtype of its parameters, else of its float inputs
+            floats = [t for t, n in sorted(zip(inputs, names), key=lambda p: p[1] is None)
+                      if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            state["new"] = kernel.fn().to(device=inputs[0].device,
+                                          dtype=floats[0].dtype if floats else None)
         mine = dict([*state["new"].named_parameters(), *state["new"].named_buffers()])
         given = {n: t for n, t in zip(names, inputs) if n is not None}
         missing = [n for n in mine if n not in given]

@@ -317,13 +317,18 @@ def test_verify_plugs_every_region_in_whole_forwards_and_parts_of_them(extracted
 
 
 def test_a_region_kernel_named_alone_is_found_by_its_region(extracted):
-    """`verify.py --kernels FILE` with a region kernel and no plan: the region's id (from its
-    reference's file name) finds every place the model computes it."""
+    """A region kernel loaded without a plan (`verify.py --kernels FILE`): the region's id,
+    from its reference's file name, finds every place the model computes it."""
+    from autokernel import verify_run
+    from autokernel.verify_select import load_kernel
     work, plan, _ = extracted
     mlp = next(k for k in plan["kernels"] if k["name"].startswith("gelumlp_"))
-    cli("verify.py", "--model", str(work / "net.py"), "--kernels", str(work / f"{mlp['name']}.py"),
-        "--no-timing", "--no-regate", "--out", str(work / "alone.json"))
-    entry, = json.loads((work / "alone.json").read_text())["kernels"]
+    kernel = load_kernel(work / f"{mlp['name']}.py")
+    assert (kernel.region_id, kernel.plug, kernel.instances) == (mlp["region"]["id"], None, [])
+    problem = load_module(work / "net.py")
+    report = verify_run.verify(problem.Model().eval(), problem.get_inputs(), [kernel],
+                               timing=False)
+    entry, = report["kernels"]
     assert (entry["status"], entry["calls"], entry["shapes"]) == ("ok", 1, ["mlp"]), entry
 
 
@@ -411,8 +416,13 @@ with torch.no_grad():
     want = model(*inputs)
     with night_regions.patch(model) as handle:
         got = model(*inputs)
+import contextlib, io
+from night_regions import smoke_test
+with contextlib.redirect_stdout(io.StringIO()) as smoke:
+    code = smoke_test.main([])
 print(json.dumps({{"calls": handle.calls, "fallbacks": handle.fallbacks,
-                  "same": bool(torch.allclose(got, want, atol=1e-5))}}))
+                  "same": bool(torch.allclose(got, want, atol=1e-5)),
+                  "smoke": smoke.getvalue(), "smoke_exit": code}}))
 """
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "dist"), TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "dist", env=env,
@@ -420,11 +430,8 @@ print(json.dumps({{"calls": handle.calls, "fallbacks": handle.fallbacks,
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["calls"] == {n: 1 for n in names} and report["same"], report
-    proc = subprocess.run([sys.executable, "-m", "night_regions.smoke_test"],
-                          cwd=tmp_path / "dist", env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0 and all(f"  {n} (region): ok" in proc.stdout for n in names), \
-        proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert report["smoke_exit"] == 0 and all(f"  {n} (region): ok" in report["smoke"]
+                                             for n in names), report["smoke"]
 
 
 class PatchEmbed(torch.nn.Module):  # transformers' Swin: (embeddings, (height, width))
