@@ -563,10 +563,15 @@ def test_a_night_on_a_region_keeps_it_with_its_library_calls_named(tmp_path):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
     run("profile.py", "--model", "net.py")
-    run("extract.py", "--top", "2")
-    first = json.loads((repo / "workspace/plan.json").read_text())["kernels"][0]
-    assert first["kernel_type"] == "region", first  # a conv block: most of the model's time
-    assert f"kernel: {first['name']}" in run("orchestrate.py", "next")
+    run("extract.py", "--top", "3")
+    plan = json.loads((repo / "workspace/plan.json").read_text())["kernels"]
+    # a conv block, most of the model's time: first, unless the CPU's timings put a type there
+    first = next(k for k in plan if k["kernel_type"] == "region")
+    if first is plan[0]:
+        assert f"kernel: {first['name']}" in run("orchestrate.py", "next")
+    else:
+        run("orchestrate.py", "install", first["name"])
+    assert f"KERNEL_NAME = {first['name']!r}" in (repo / "kernel.py").read_text()
     out = run("bench.py", "-m", "the region's starter")
     assert f"verdict: KEEP {first['name']}" in out and "library calls a forward: " \
         "aten.convolution" in out, out[-2000:]
