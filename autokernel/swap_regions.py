@@ -188,14 +188,15 @@ def graph_call(swap, kernel, names, where):
         if state["new"] is None:  # in the dtype of its parameters, else of its float inputs
             floats = [t for t, n in sorted(zip(inputs, names), key=lambda p: p[1] is None)
                       if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            state["new"] = kernel.fn().to(device=inputs[0].device,
-                                          dtype=floats[0].dtype if floats else None)
-        mine = dict([*state["new"].named_parameters(), *state["new"].named_buffers()])
-        given = {n: t for n, t in zip(names, inputs) if n is not None}
-        missing = [n for n in mine if n not in given]
-        if missing:
-            raise RuntimeError(f"ModelNew.{missing[0]} is none of the region's tensors")
-        tensors = {n: laid_out(t, mine[n]) for n, t in given.items() if n in mine}
+            new = kernel.fn().to(device=inputs[0].device,
+                                 dtype=floats[0].dtype if floats else None)
+            mine = dict([*new.named_parameters(), *new.named_buffers()])
+            missing = [n for n in mine if n not in names]
+            if missing:
+                raise RuntimeError(f"ModelNew.{missing[0]} is none of the region's tensors")
+            state["new"], state["mine"] = new, mine  # (built and checked once: a hot path)
+        mine = state["mine"]
+        tensors = {n: laid_out(t, mine[n]) for n, t in zip(names, inputs) if n in mine}
         args = [as_drawn(t) for t, n in zip(inputs, names) if n is None]
         return torch.func.functional_call(state["new"], tensors, tuple(args))
 
