@@ -7,7 +7,7 @@ commands wrote: rows ready to paste into BENCHMARKS.md.
     python3 benchmarks/summary.py kernelbench OUTDIR/kernelbench_*.json  # kernelbench.py score's
     python3 benchmarks/summary.py gate OUTDIR/gate_speed.tsv             # gate_speed.sh's runs
     python3 benchmarks/summary.py profile OUTDIR/profile_*.json          # profile.py's, per model
-    python3 benchmarks/summary.py regions OUTDIR/*/results.tsv           # region_starters.sh's
+    python3 benchmarks/summary.py regions OUTDIR/*/results.tsv           # any_model.sh's
     python3 benchmarks/summary.py generation OUTDIR/generate_b*.json     # verify.py --generate's
 
 kernelbench merges its reports (a problem scored twice: the later file's row) and gives fast_p
@@ -54,7 +54,8 @@ def verify(paths):
     rows = []
     for path in paths:
         if not Path(path).is_file():
-            rows.append([Path(path).stem, "no report (verify.py stopped: see its log)"] + [""] * 6)
+            name = Path(path).parent.name if Path(path).stem == "verify" else Path(path).stem
+            rows.append([name, "no report (verify.py stopped: see its log)"] + [""] * 6)
             continue
         v = json.loads(Path(path).read_text())
         t, paired = v.get("timing") or {}, (v.get("timing") or {}).get("paired") or {}
@@ -118,8 +119,10 @@ def profiles(paths):
     """Per model: the share of its op time in the kernel types, in regions, and in neither."""
     rows = []
     for path in paths:
+        name = Path(path).parent.name if Path(path).stem == "profile" else \
+            Path(path).stem.removeprefix("profile_")
         if not Path(path).is_file():
-            rows.append([Path(path).stem.removeprefix("profile_"), "no report (see its log)"]
+            rows.append([name, "no report (see its log)"]
                         + ["-"] * 5)
             continue
         p = json.loads(Path(path).read_text())
@@ -127,7 +130,7 @@ def profiles(paths):
         typed = 100 * sum(e["share"] for e in entries if e["kernel_type"])
         regions = [e for e in entries if e["group"] == "region"]
         top = regions[0] if regions else None
-        rows.append([Path(path).stem.removeprefix("profile_"), p["dtype"], num(typed),
+        rows.append([name, p["dtype"], num(typed),
                      num(p.get("region_pct")), num(100 - typed - (p.get("region_pct") or 0)),
                      len(regions), f"{top['name']} {100 * top['share']:.1f}%: "
                      f"{' '.join(top['region']['ops'][:5])}" if top else "-"])
@@ -137,7 +140,7 @@ def profiles(paths):
 
 
 def regions(paths):
-    """Per region kernel bench.py judged (region_starters.sh): its verdict and its time beside
+    """Per region kernel bench.py judged (any_model.sh): its verdict and its time beside
     eager and torch.compile of the same region."""
     import csv
     rows = []
