@@ -229,9 +229,10 @@ def write_region(candidate, rank, profile, workspace, force):
     if not region.get("reference"):
         raise region_starter.StarterError(f"no standalone reference of it could be written "
                                           f"({region.get('note') or 'no reason recorded'})")
-    if len(region.get("outputs") or ()) > 1:
-        raise region_starter.StarterError(f"it has {len(region['outputs'])} outputs, and the "
-                                          "gate judges a kernel's one output tensor")
+    if len({o["dtype"] for o in region.get("outputs") or ()}) > 1:
+        raise region_starter.StarterError(f"its {len(region['outputs'])} outputs have different "
+                                          "dtypes, which one packed tensor cannot hold (the gate "
+                                          "judges a kernel's one output tensor)")
     label = re.sub(r"\W", "_", region["label"]).lower()
     problem = Path(workspace) / "regions" / f"{region['label']}_{region['id']}.py"
     if not problem.exists() or problem.read_text() != region["reference"]:

@@ -54,7 +54,8 @@ from autokernel.region_special import (NHWC_INIT, RELAYOUT, SPECIAL, TO_LAYOUT,
 LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm"}
 VIEWS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "unsqueeze",
-         "squeeze", "expand", "expand_as", "view_as", "getitem", "size", "unfold"}
+         "squeeze", "expand", "expand_as", "view_as", "getitem", "size", "unfold",
+         "chunk", "split", "unbind", "narrow", "select"}
 DROPOUTS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
             "feature_alpha_dropout"}  # identities in eval mode
 SAME = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as",
@@ -310,9 +311,10 @@ class _Args:
         return self.names[value] if isinstance(value, Node) else _literal(value)
 
 
-def group_code(index, nodes, outside):
+def group_code(index, nodes, outside, packed=False):
     """(kernel source, launcher source, inputs, outputs) of one group. outside(node): whether
-    a node of the group is read after it (or is the region's output)."""
+    a node of the group is read after it (or is the region's output); packed: its outputs are
+    the region's several, which its launcher writes into one flat tensor (_pack)."""
     members = set(nodes)
     shape = meta(nodes[0])[0]
     inputs = []
@@ -348,7 +350,7 @@ def group_code(index, nodes, outside):
         kernel = normed_kernel(kname, params, norm, names, shape, order, ops, loads, body,
                                stores)
         launcher = _launcher(index, kname, inputs, outputs, written, shape, ops,
-                             grid=shape[0] * norm_groups(norm)[0])
+                             grid=shape[0] * norm_groups(norm)[0], packed=packed)
         return kernel, launcher, inputs, outputs
     total = math.prod(shape)
     offs = "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
@@ -361,8 +363,32 @@ def group_code(index, nodes, outside):
         f"    offs = {offs}",
         f"    mask = offs < {total}",
         *loads.values(), *body.values(), *stores, ""])
-    launcher = _launcher(index, kname, inputs, outputs, written, shape, ops)
+    launcher = _launcher(index, kname, inputs, outputs, written, shape, ops, packed=packed)
     return kernel, launcher, inputs, outputs
+
+
+def _pack(graph, groups, group_of):
+    """Where the reference returns its several outputs packed (torch.cat of each flattened:
+    autokernel/regions.py) and one fused group computes them all, in order and contiguous:
+    (that group, the cat, the flattens), so the group writes them into the packed tensor
+    itself instead of a cat copying them there; else None."""
+    out = next(n for n in graph.nodes if n.op == "output").args[0]
+    if not isinstance(out, Node) or op(out) != "cat" or not isinstance(out.args[0], (list, tuple)):
+        return None
+    flats = list(out.args[0])
+    if not all(isinstance(f, Node) and op(f) == "flatten" and len(f.users) == 1 for f in flats):
+        return None
+    values = [f.args[0] for f in flats]
+    g = group_of.get(values[0])
+    if g is None or any(group_of.get(v) != g for v in values):
+        return None
+    members = set(groups[g])
+    outputs = [n for n in groups[g] if any(u not in members for u in n.users)]
+    if outputs != values or len({meta(v) and str(v.meta["tensor_meta"].dtype)
+                                 for v in values}) != 1 or \
+            any(tuple(meta(v)[1]) != contiguous(meta(v)[0]) for v in values):
+        return None
+    return g, out, flats
 
 
 def _written(n):
@@ -418,19 +444,28 @@ def _out_dtype(n, same):
     return same
 
 
-def _launcher(index, kname, inputs, outputs, written, shape, ops, grid=None):
+def _launcher(index, kname, inputs, outputs, written, shape, ops, grid=None, packed=False):
     args = [f"x{i}" for i in range(len(inputs))]
     dtype_of = "x0.dtype"
     lines = [f"def fused_{index}({', '.join(args)}):",
-             f'    """{ops}: {len(outputs)} output(s) of shape {tuple(shape)}."""',
+             f'    """{ops}: {len(outputs)} output(s) of shape {tuple(shape)}'
+             + (", packed in one flat tensor, in order" if packed else "") + '."""',
              *layout_check(f"fused_{index}", inputs)]
     outs = [f"o{k}" for k in range(len(outputs))]
-    for k, (n, strides) in enumerate(zip(outputs, written)):
-        lines.append(f"    o{k} = {allocation(shape, strides, _out_dtype(n, dtype_of))}")
+    if packed:  # contiguous, one after another: views of the region's packed output
+        size = math.prod(shape)
+        lines.append(f"    packed = torch.empty(({size * len(outputs)},), device=x0.device, "
+                     f"dtype={_out_dtype(outputs[0], dtype_of)})")
+        lines += [f"    o{k} = packed[{k * size}:{(k + 1) * size}].view({tuple(shape)!r})"
+                  for k in range(len(outputs))]
+    else:
+        for k, (n, strides) in enumerate(zip(outputs, written)):
+            lines.append(f"    o{k} = {allocation(shape, strides, _out_dtype(n, dtype_of))}")
     grid = grid or f"triton.cdiv({math.prod(shape)}, BLOCK)"
+    result = "packed" if packed else outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
     lines += [f"    grid = ({grid},)",
               f"    {kname}[grid]({', '.join(args + outs)}, BLOCK=BLOCK, num_warps=NUM_WARPS)",
-              f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}", ""]
+              f"    return {result}", ""]
     return "\n".join(lines)
 
 
@@ -461,9 +496,11 @@ def _starter_source(problem_path, header):
     def outside(n):
         return any(u not in groups[group_of[n]] for u in n.users)
 
-    pieces = {g: group_code(g, nodes, outside) for g, nodes in enumerate(groups)}
+    pack = _pack(graph, groups, group_of)
+    g_packed, cat, flats = pack or (None, None, [])
+    pieces = {g: group_code(g, nodes, outside, g == g_packed) for g, nodes in enumerate(groups)}
     for n in graph.nodes:  # a pooling or a cat: a unit (and a kernel) of its own
-        if n.op in ("call_function", "call_method") and kind_of(n) == "special":
+        if n.op in ("call_function", "call_method") and kind_of(n) == "special" and n is not cat:
             group_of[n] = len(groups)
             pieces[len(groups)] = SPECIAL[op(n)](len(groups), n)
             groups.append([n])
@@ -478,9 +515,14 @@ def _starter_source(problem_path, header):
             fn = functions.setdefault(n, _named(pieces[n][1].split("(")[0][4:]))
             call = new.create_node("call_function", fn, tuple(env[a] for a in inputs),
                                    name=f"y{n}")
+            if n == g_packed:  # the packed output itself: its flattens and cat are done
+                env[cat] = call
+                continue
             for k, out in enumerate(outputs):
                 env[out] = call if len(outputs) == 1 else new.call_function(
                     operator.getitem, (call, k))
+            continue
+        if n is cat or n in flats:
             continue
         env[n] = new.node_copy(n, env.__getitem__)
         if (n.op == "placeholder" or nhwc and n.op == "get_attr" and any(

@@ -26,6 +26,7 @@ file in KernelBench's format (reference_source): the frozen oracle a region kern
 against.
 """
 import hashlib
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -381,9 +382,27 @@ SAFE_GLOBALS = {"torch", "operator", "math", "inf", "nan", "device", "Tensor",
                 "NoneType", "fx_pytree", "pytree"}  # the last three: FX's own, in every graph
 
 
+def packed_shapes(r):
+    """The shapes of a region's outputs where it has several of one dtype, which its reference
+    returns packed in one flat tensor (each flattened, in order, concatenated: the gate judges
+    one tensor, and a plug views the kernel's back into the several); else None."""
+    values = [n.meta.get("example_value") for n in r.outs]
+    if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values) or \
+            len({v.dtype for v in values}) != 1:
+        return None
+    return [tuple(v.shape) for v in values]
+
+
+def unpack(flat, shapes):
+    """A packed output (packed_shapes) as its values: views of it, in order."""
+    sizes = [math.prod(s) for s in shapes]
+    return tuple(t.view(s) for t, s in zip(flat.split(sizes), shapes))
+
+
 def region_module(r):
     """The region as a GraphModule of its own: one placeholder per input (activations in0, in1,
-    ...; parameters by the region's name for them), its calls copied, its outputs returned."""
+    ...; parameters by the region's name for them), its calls copied, its output returned (its
+    outputs packed in one flat tensor where it has several: packed_shapes)."""
     graph, env = Graph(), {}
     for i, a in enumerate(r.inputs):
         env[a] = graph.placeholder(f"in{i}")
@@ -391,6 +410,9 @@ def region_module(r):
     for n in r.order:
         env[n] = graph.node_copy(n, env.__getitem__)
     outs = [env[n] for n in r.outs]
+    if packed_shapes(r):
+        outs = [graph.call_function(torch.cat, ([graph.call_function(torch.flatten, (o,))
+                                                 for o in outs],))]
     graph.output(outs[0] if len(outs) == 1 else tuple(outs))
     return GraphModule(torch.nn.Module(), graph)
 
@@ -452,6 +474,16 @@ def _names_fx_writes(body):
     return lines
 
 
+def _packed_note(r):
+    shapes = packed_shapes(r)
+    if not shapes:
+        return []
+    return ["", f"It returns its {len(shapes)} outputs packed in one flat tensor, each flattened, "
+            "in this order:", ", ".join("x".join(map(str, s)) or "scalar" for s in shapes) + ".",
+            "The gate judges that one tensor; verify.py views a kernel's back into the",
+            "several values the model reads."]
+
+
 def reference_source(r, seen, origin):
     """A region as a standalone problem file in KernelBench's format: Model holds the region's
     parameters (drawn like the model's own: same shapes, mean and spread) and runs its calls;
@@ -486,7 +518,7 @@ def reference_source(r, seen, origin):
             "Frozen from the forward's captured graph by profile.py: the oracle a region kernel",
             "is judged against. Parameters and inputs are drawn with the real ones' shapes,",
             "means and spreads (verify.py plugs a kernel in with the model's own values).",
-            '"""', "import torch", "import torch.nn as nn", *_names_fx_writes(body), "", "",
+            *_packed_note(r), '"""', "import torch", "import torch.nn as nn", *_names_fx_writes(body), "", "",
             "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
     text += [f"        {line}" for line in inits] or ["        pass"]
     text += ["", f"    def forward(self, {', '.join(args)}):"]

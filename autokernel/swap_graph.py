@@ -74,7 +74,7 @@ from autokernel.kernel_call import FLOAT_DTYPES, KernelFailure
 from autokernel.matches import find_matches
 from autokernel.patching import applying, capturing, suspended
 from autokernel.patterns import PATTERNS
-from autokernel.regions import attribute_name, find_regions, module_path
+from autokernel.regions import attribute_name, find_regions, module_path, packed_shapes
 from autokernel.swap_regions import disagreement, graph_call
 from autokernel.swap_torch import attention_heads
 
@@ -184,7 +184,7 @@ def _region_plugs(gm, example, matches, names):
         plugs.append(Plug(REGION + r.id, tuple(n.name for n in r.outs),
                           tuple(a.name for a in r.inputs),
                           {"names": [attribute_name(t, r.module) if t else None for t in owned],
-                           "where": r.module or "the model"},
+                           "where": r.module or "the model", "packed": packed_shapes(r)},
                           tuple(n.name for n in r.order)))
     return plugs
 
@@ -193,7 +193,7 @@ def _call(swap, plug):
     """The function the rewritten graph calls in place of the plug's nodes."""
     if plug.ktype.startswith(REGION):
         return graph_call(swap, region_keys(swap)[plug.ktype], plug.params["names"],
-                          plug.params["where"])
+                          plug.params["where"], plug.params["packed"])
     return GRAPH_RULES[plug.ktype].call(swap, plug.params)
 
 

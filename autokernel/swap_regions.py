@@ -32,12 +32,15 @@ instance's tensors as above, its fake gives the outputs the eager call saw. Only
 signature (shapes, strides, dtypes, other arguments) an eager call ran go through the op;
 any other runs the module's own forward in the graph.
 """
+import itertools
+import math
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from autokernel import ops
 from autokernel.kernel_types import TOLERANCES
-from autokernel.regions import attribute_name
+from autokernel.regions import attribute_name, unpack
 
 
 def patches(swap, model):
@@ -63,8 +66,10 @@ def patches(swap, model):
 def instance_forward(swap, kernel, module, path, original):
     """The instance's forward with the region kernel in it (module docstring); original: the
     forward it replaces (another region kernel's, where two are planned for one module)."""
-    # checked: input signature -> its frame (None: ModelNew's output is the forward's)
-    state = {"checked": {}, "why": None, "new": None, "tensors": None, "ops": {}, "bodies": []}
+    # checked: input signature -> its frame (None: ModelNew's output is the forward's);
+    # packed: input signature -> how ModelNew's one tensor packs the forward's several (packing)
+    state = {"checked": {}, "why": None, "new": None, "tensors": None, "ops": {}, "bodies": [],
+             "packed": {}}
 
     def tensors():
         """ModelNew's parameters and buffers by name -> the instance's own tensors."""
@@ -78,9 +83,11 @@ def instance_forward(swap, kernel, module, path, original):
             return None, f"the module has no tensor for ModelNew.{missing[0]}"
         return {n: in_layout(own[n], mine[n]) for n in wanted}, None
 
-    def run(args, kwargs):
+    def run(args, kwargs, key):
         args, kwargs = tree_map(as_drawn, (args, kwargs))
-        return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
+        out = torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
+        packed = state["packed"].get(key)
+        return out if packed is None else in_forward_order(out, *packed)
 
     def forward(*args, **kwargs):
         key = signature(args, kwargs)
@@ -97,9 +104,9 @@ def instance_forward(swap, kernel, module, path, original):
                 return original(*args, **kwargs) if want is None else want
             out = count(got)
         else:
-            out = count(run(args, kwargs))
+            out = count(run(args, kwargs, key))
         if swap.compiled and key is not None and key not in state["ops"]:
-            state["ops"][key] = compiled_call(args, kwargs, out, state["checked"][key])
+            state["ops"][key] = compiled_call(args, kwargs, out, key)
         return framed(out, state["checked"][key])
 
     def count(out):
@@ -107,9 +114,10 @@ def instance_forward(swap, kernel, module, path, original):
         swap.shapes[kernel.name].add(kernel.site(path) or "the model")
         return out
 
-    def compiled_call(args, kwargs, out, frame):
+    def compiled_call(args, kwargs, out, key):
         """call(args, kwargs) for the compiled forward: the region op on the inputs' tensors,
         its outputs put back in the structure ModelNew returned, in the forward's frame."""
+        frame = state["checked"][key]
         leaves, spec = tree_flatten((args, kwargs))
         slots = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
         outs, out_spec = tree_flatten(out)
@@ -118,7 +126,7 @@ def instance_forward(swap, kernel, module, path, original):
             filled = list(leaves)
             for i, t in zip(slots, tensors):
                 filled[i] = t
-            return tree_flatten(count(run(*tree_unflatten(filled, spec))))[0]
+            return tree_flatten(count(run(*tree_unflatten(filled, spec), key)))[0]
         state["bodies"].append(body)  # ops.py holds it weakly
         key, op = ops.region_call(body, outs), ops.region_op(kernel)
 
@@ -144,7 +152,11 @@ def instance_forward(swap, kernel, module, path, original):
                 return why, None, None
         want = original(*args, **kwargs)
         try:
-            got = run(args, kwargs)
+            got = run(args, kwargs, key)
+            if isinstance(got, torch.Tensor) and isinstance(want, (tuple, list)) and \
+                    len(want) > 1 and all(isinstance(w, torch.Tensor) for w in want):
+                state["packed"][key] = packing(got, want)  # several: ModelNew packs them
+                got = type(want)(in_forward_order(got, *state["packed"][key]))
         except Exception as e:  # noqa: BLE001
             return (f"ModelNew does not take this forward's inputs ({type(e).__name__}: "
                     f"{str(e)[:120]}): the region is only part of the module's forward",
@@ -156,6 +168,30 @@ def instance_forward(swap, kernel, module, path, original):
         return why, want, got
 
     return forward
+
+
+def packing(got, want):
+    """How a packed output (regions.packed_shapes) holds the forward's several values: (their
+    shapes, the order they are packed in). The reference packs them in the order of the model's
+    graph, which can differ from the order the forward returns them (an LSTM cell's c before
+    h): the order whose values match the forward's at this call, else the forward's own."""
+    shapes = [tuple(w.shape) for w in want]
+    if got.numel() == sum(math.prod(s) for s in shapes):
+        for order in itertools.permutations(range(len(want))) if len(want) <= 5 else ():
+            if disagreement(in_forward_order(got, shapes, order), want) is None:
+                return shapes, order
+    return shapes, tuple(range(len(want)))
+
+
+def in_forward_order(out, shapes, order):
+    """A packed output as the forward's values: views of it, in the forward's order (packing);
+    ModelNew's output as it is where it does not hold them."""
+    if not isinstance(out, torch.Tensor) or out.numel() != sum(math.prod(s) for s in shapes):
+        return out
+    parts, values = unpack(out, [shapes[i] for i in order]), [None] * len(order)
+    for i, part in zip(order, parts):
+        values[i] = part
+    return tuple(values)
 
 
 def as_drawn(value):
@@ -175,11 +211,13 @@ def in_layout(t, like):
                                    device=t.device).copy_(t)
 
 
-def graph_call(swap, kernel, names, where):
+def graph_call(swap, kernel, names, where, packed=None):
     """The function a rewritten graph calls in place of a region's nodes (autokernel/
     swap_graph.py): ModelNew on the region's inputs, input i being ModelNew's tensor names[i]
     (one of the model's parameters or buffers, read by the graph at every call) or, where
-    names[i] is None, the next argument of its forward. Calls are counted at `where`; inside
+    names[i] is None, the next argument of its forward; a region of several outputs (packed:
+    their shapes) returns them packed in one tensor, viewed back into the several here
+    (regions.unpack). Calls are counted at `where`; inside
     torch.compile it is the kernel's custom op, whose fake gives the outputs its first eager
     call saw (the graph swap traces only graphs whose first call ran eagerly)."""
     state = {"new": None, "key": None, "spec": None, "copies": {}}
@@ -214,16 +252,19 @@ def graph_call(swap, kernel, names, where):
     def region(*inputs):
         if torch.compiler.is_compiling():
             if state["key"] is None:  # a swap that is not compiled, inside torch.compile
-                return run(inputs)
+                return unpacked(run(inputs))
             outs = state["op"](list(inputs), state["key"])
-            return tree_unflatten(outs, state["spec"])
+            return unpacked(tree_unflatten(outs, state["spec"]))
         out = run(inputs)
         swap.calls[kernel.name] += 1
         swap.shapes[kernel.name].add(where)
         if swap.compiled and state["key"] is None:  # (ops.py holds body weakly; this closure
             leaves, state["spec"] = tree_flatten(out)  # keeps it)
             state["key"], state["op"] = ops.region_call(body, leaves), ops.region_op(kernel)
-        return out
+        return unpacked(out)
+
+    def unpacked(out):
+        return unpack(out, packed) if packed and isinstance(out, torch.Tensor) else out
     return region
 
 

@@ -139,8 +139,8 @@ def test_a_region_without_a_starter_gives_its_place_to_the_next(extracted, tmp_p
     # KernelBench's ViT: a dropout whose input 0 was a tuple's item
     ({"reference": "", "note": "input 0 is not a tensor"},
      "no standalone reference of it could be written (input 0 is not a tensor)"),
-    ({"outputs": [{"shape": [2], "dtype": "float32"}] * 2},
-     "it has 2 outputs, and the gate judges a kernel's one output tensor"),
+    ({"outputs": [{"shape": [2], "dtype": "float32"}, {"shape": [2], "dtype": "bool"}]},
+     "its 2 outputs have different dtypes, which one packed tensor cannot hold"),
 ])
 def test_a_region_extract_cannot_write_is_skipped_with_its_reason(extracted, tmp_path, change,
                                                                   says):
