@@ -229,7 +229,7 @@ def write_region(candidate, rank, profile, workspace, force):
     if not region.get("reference"):
         raise region_starter.StarterError(f"no standalone reference of it could be written "
                                           f"({region.get('note') or 'no reason recorded'})")
-    if len({o["dtype"] for o in region.get("outputs") or ()}) > 1:
+    if len({o and o["dtype"] for o in region.get("outputs") or ()}) > 1:
         raise region_starter.StarterError(f"its {len(region['outputs'])} outputs have different "
                                           "dtypes, which one packed tensor cannot hold (the gate "
                                           "judges a kernel's one output tensor)")
