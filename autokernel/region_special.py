@@ -369,6 +369,40 @@ def cat_code(index, n):
     return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
 
 
+def gather_code(index, n):
+    """x[idx] with one integer tensor index (Swin's relative position bias read from its table):
+    for each element of idx, a row of x (along dim 0), negative indices counted from the end."""
+    x, idx = n.args[0], n.args[1]
+    if isinstance(idx, (list, tuple)) and len(idx) == 1:
+        idx = idx[0]
+    if not isinstance(idx, Node) or meta(idx) is None or \
+            idx.meta["tensor_meta"].dtype not in (torch.int64, torch.int32):
+        raise StarterError("indexing with tensors other than one integer index along dim 0 (a "
+                           "gather: no generated code for it yet; write this region's kernel by "
+                           "hand)")
+    (x_shape, x_strides), (i_shape, i_strides) = meta(x), meta(idx)
+    shape, inner = meta(n)[0], math.prod(x_shape[1:])
+    rest = index_expr(x_shape[1:], x_strides[1:], "r") if x_shape[1:] else "0"
+    kernel = "\n".join([
+        "@triton.jit", f"def _gather_{index}(src, idx, out, BLOCK: tl.constexpr):",
+        f'    """Row idx[i] of x {tuple(x_shape)} for each of the {math.prod(i_shape)} indices: '
+        f'the output {tuple(shape)}, contiguous."""',
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        f"    mask = offs < {math.prod(shape)}",
+        f"    i, r = offs // {inner}, offs % {inner}",
+        f"    row = tl.load(idx + {index_expr(i_shape, i_strides, 'i')}, mask=mask)",
+        f"    row = tl.where(row < 0, row + {x_shape[0]}, row)",
+        f"    v = tl.load(src + row * {x_strides[0]} + {rest}, mask=mask)",
+        "    tl.store(out + offs, v, mask=mask)", "", ""])
+    launcher = "\n".join([
+        f"def kernel_{index}(x0, x1):", '    """x[idx]: a gather, one kernel."""',
+        *layout_check(f"kernel_{index}", [x, idx]),
+        f"    out = {allocation(shape, contiguous(shape), 'x0.dtype')}",
+        f"    _gather_{index}[(triton.cdiv({math.prod(shape)}, BLOCK),)](x0, x1, out, "
+        "BLOCK=BLOCK, num_warps=NUM_WARPS)", "    return out", ""])
+    return kernel, launcher, [x, idx], [n]
+
+
 def pad_code(index, n):
     """F.pad in constant mode (any dims, negative pads crop): each output element loads its
     input element, or takes the value where that falls outside the input (TF-style "same"
@@ -495,5 +529,5 @@ def triton_pow2(n):
 
 SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
            "adaptive_avg_pool1d": pool_code,
-           "cat": cat_code, "pad": pad_code, **{name: reduce_code for name in REDUCED},
+           "cat": cat_code, "pad": pad_code, "getitem": gather_code, **{name: reduce_code for name in REDUCED},
            "softmax": reduce_code, "log_softmax": reduce_code, "normalize": reduce_code}

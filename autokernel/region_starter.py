@@ -40,7 +40,7 @@ import operator
 import re
 
 import torch
-from torch.fx import Graph, Node, symbolic_trace
+from torch.fx import Graph, GraphModule, Node, Tracer
 from torch.fx.node import map_arg
 from torch.fx.passes.shape_prop import ShapeProp
 
@@ -205,9 +205,8 @@ def kind_of(n):
     name = op(n)
     if name in LIBRARY:
         return "library"
-    if name == "getitem" and _tensor_index(n):
-        raise StarterError("indexing with a tensor (a gather: no generated code for it yet; "
-                           "write this region's kernel by hand)")
+    if name == "getitem" and _tensor_index(n):  # a gather (region_special.gather_code)
+        return "special"
     if name in VIEWS:
         return "view"
     if name in DROPOUTS and arg(n, 2, "training", "alpha" not in name) and arg(n, 1, "p", 0.5):
@@ -554,6 +553,13 @@ def _starter_source(problem_path, header):
 CONV2D = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
 
 
+class _BufferTracer(Tracer):
+    """symbolic_trace's, but a buffer is read from the module (a get_attr) rather than taken as
+    the value it had: a view of an index buffer (Swin's relative position index) stays the
+    model's buffer, which verify.py passes in at every call, not a constant of the trace."""
+    proxy_buffer_attributes = True
+
+
 def _traced(module):
     """The reference's graph with each value's shape and strides (ShapeProp's), and whether it
     was traced in channels_last: a region with a 2-d convolution is, its 4-d inputs and
@@ -562,7 +568,7 @@ def _traced(module):
     model = module.Model(*module.get_init_inputs()).eval()
     inputs = module.get_inputs()
     try:
-        gm = symbolic_trace(model)
+        gm = GraphModule(model, _BufferTracer().trace(model))
         _propagate(gm, inputs)
         _copying_reshapes(gm, inputs)
     except Exception as e:  # noqa: BLE001  (any trace failure: no generated starter)
