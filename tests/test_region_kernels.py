@@ -663,3 +663,52 @@ def test_a_region_of_several_outputs_is_judged_packed_and_plugged_back(tmp_path)
     assert not any(swap.fallbacks.values()), dict(swap.fallbacks)
     with torch.no_grad():
         assert torch.allclose(got, model(*inputs), atol=1e-5) and torch.allclose(got, want)
+
+
+class RelativeBias(torch.nn.Module):
+    """Swin's relative position bias: a table read through an index buffer, added to scores."""
+    def __init__(self, window=3, heads=2):
+        super().__init__()
+        self.n, rows = window * window, (2 * window - 1) ** 2
+        self.table = torch.nn.Parameter(torch.randn(rows, heads))
+        self.register_buffer("index", torch.randint(0, rows, (self.n, self.n)))
+
+    def forward(self, scores):
+        bias = self.table[self.index.view(-1)].view(self.n, self.n, -1).permute(2, 0, 1)
+        return scores + bias.contiguous().unsqueeze(0)
+
+
+def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_buffer(tmp_path):
+    """The table read through the index (a gather) is a kernel of the starter's own; the index
+    stays a buffer of ModelNew (not a constant of the trace), so the swap runs it on each
+    instance's own index: two instances with different indices each get theirs."""
+    from test_regions import captured
+
+    from autokernel.kernel_call import Kernel
+    from autokernel.state import digest
+    from autokernel.swap import Swap
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(RelativeBias(), RelativeBias()).eval()
+    x = torch.randn(2, 2, 9, 9)
+    (region,) = captured(model, x)[0].values()
+    assert region["instances"] == ["0", "1"] and "self.index" in region["reference"]
+    (tmp_path / "ref.py").write_text(region["reference"])
+    path = tmp_path / "k.py"
+    path.write_text(region_starter.starter_source(
+        tmp_path / "ref.py", {"doc": "", "contract": "\n".join([
+            'KERNEL_TYPE = "region"', 'KERNEL_NAME = "k"',
+            f"KERNELBENCH_PROBLEM = {str(tmp_path / 'ref.py')!r}",
+            f"KERNELBENCH_SHA256 = {digest((tmp_path / 'ref.py').read_bytes())!r}",
+            "BENCH_DTYPE = 'fp32'"])}))
+    assert "_gather_" in path.read_text() and "self.index" in path.read_text()
+    verdict = judged(path)
+    assert verdict["correctness"] == "PASS", verdict["reason"]
+    kernel = Kernel("k", "region", path, load_module(path).ModelNew,
+                    instances=region["instances"], plug=region["plug"])
+    swap = Swap([kernel])
+    with torch.no_grad():
+        want = model(x)
+        with swap.installed(model):
+            got = model(x)
+    assert swap.calls["k"] == 2 and not swap.fallbacks["k"], dict(swap.fallbacks)
+    assert torch.allclose(got, want, atol=1e-6)
