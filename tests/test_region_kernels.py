@@ -287,7 +287,7 @@ def test_generated_kernels_compute_what_the_reference_computes(tmp_path, what):
     ("return (in0 > 0).sum(1) * 0.5", "sum with a dtype"),  # a bool mask's count: int64
     # x[tensor] is aten.index, not a view (Swin's relative position bias reads its table at
     # an index buffer): left to torch, the starter would fail its own gate
-    ("return in0.flatten()[(in1 > 0).flatten()] * 2", "indexing with a tensor"),
+    ("return in0.flatten()[(in1 > 0).flatten()] * 2", "indexing with tensors other than one integer index"),
 ])
 def test_a_call_with_no_generated_code_is_named(tmp_path, body, says):
     path = tmp_path / "reference.py"
