@@ -236,9 +236,14 @@ def _unpacks(n, unit_of):
 def _typed(n):
     """Whether a call is one of the kernel types by its op name alone (a linear is a matmul, a
     layer_norm a layernorm): the profile gives its time to that type, not to a region. Batched
-    matmuls have no shape in the matmul type's convention, so regions take them."""
+    matmuls (bmm, or a matmul whose second operand has batch dims: Swin's q @ k.T) have no
+    shape in the matmul type's convention, so regions take them."""
     name = ATEN_NAMES.get(op(n), op(n))
     entry = OP_TABLE.get(f"aten::{name}")
+    if name == "matmul" and len(n.args) > 1 and isinstance(n.args[1], Node):
+        other = n.args[1].meta.get("example_value")
+        if isinstance(other, torch.Tensor) and other.dim() > 2:
+            return False
     return entry is not None and entry[1] is not None and name not in BATCHED
 
 

@@ -319,3 +319,28 @@ def test_a_batch_first_encoder_layer_is_seen_through_its_fast_path(capsys):
         plugged = pluggable_types(model, lambda m: forward(m, [x]))
     assert {"matmul", "layernorm", "flash_attention"} <= plugged, plugged
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+class CosineAttention(nn.Module):
+    """Swin V2's window attention core: normalized q and k, a learned scale, a bias, softmax,
+    then v (no kernel type's pattern: flash_attention takes neither the normalize nor the
+    bias)."""
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(2, 1, 1) + 1)
+        self.bias = nn.Parameter(torch.randn(2, 9, 9) * 0.1)
+
+    def forward(self, q, k, v):
+        scores = nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(
+            -2, -1)
+        return torch.softmax(scores * self.scale + self.bias, -1) @ v
+
+
+def test_a_batched_matmul_is_part_of_its_region_not_the_matmul_type():
+    """q @ k.T over batch and heads has no (M, N, K) of the matmul type: the regions around it
+    take it and the @ v (library calls inside a region kernel), not the type, which extract.py
+    would skip."""
+    q, k, v = (torch.randn(2, 2, 9, 4) for _ in range(3))
+    found, _ = captured_with(CosineAttention().eval(), (q, k, v))
+    ops = sorted(r["ops"] for r in found.values())  # the softmax between them is its type's
+    assert ops == [["matmul"], ["normalize", "normalize", "matmul", "mul", "add"]], ops
