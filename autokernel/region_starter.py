@@ -524,6 +524,8 @@ def _starter_source(problem_path, header):
         if n is cat or n in flats:
             continue
         env[n] = new.node_copy(n, env.__getitem__)
+        if n.target is operator.matmul:  # `a @ b` as the library call it is (the source check
+            env[n].target = torch.matmul  # refuses torch's operators on tensors)
         if (n.op == "placeholder" or nhwc and n.op == "get_attr" and any(
                 op(u) not in LIBRARY for u in n.users)) and len((meta(n) or ((),))[0]) == 4:
             # the kernels are written for the traced layout, whatever the caller passes in
@@ -599,18 +601,28 @@ def _propagate(gm, inputs):
 def _copying_reshapes(gm, inputs):
     """A reshape (or flatten) its input's strides cannot view (an image's unfolded patches
     flattened, ViT's patch extraction) is a copy: a contiguous() goes before it, an elementwise
-    copy the starter fuses like any other, and the reshape views that."""
+    copy the starter fuses like any other, and the reshape views that. So is a batched matmul's
+    operand whose batch dims do not fold into one (Swin's keys, normalized in the qkv's
+    permuted layout, then transposed): torch.matmul would copy it with torch's own clone."""
     changed = False
     for n in list(gm.graph.nodes):
-        if op(n) not in ("reshape", "flatten") or meta(arg(n, 0)) is None:
+        if op(n) in ("reshape", "flatten"):
+            operands, shapes = [arg(n, 0)], [meta(n) and meta(n)[0]]
+        elif op(n) == "matmul":
+            operands = [a for a in n.args[:2] if meta(a) is not None and len(meta(a)[0]) > 2]
+            shapes = [(-1, *meta(a)[0][-2:]) for a in operands]
+        else:
             continue
-        try:
-            torch.empty_strided(*meta(arg(n, 0)), device="meta").view(meta(n)[0])
-        except RuntimeError:
-            with gm.graph.inserting_before(n):
-                copy = gm.graph.call_method("contiguous", (arg(n, 0),))
-            n.replace_input_with(arg(n, 0), copy)
-            changed = True
+        for a, shape in zip(operands, shapes):
+            if meta(a) is None or shape is None:
+                continue
+            try:
+                torch.empty_strided(*meta(a), device="meta").view(shape)
+            except RuntimeError:
+                with gm.graph.inserting_before(n):
+                    copy = gm.graph.call_method("contiguous", (a,))
+                n.replace_input_with(a, copy)
+                changed = True
     if changed:
         gm.recompile()
         _propagate(gm, inputs)

@@ -174,11 +174,7 @@ def _drop_passing_views(r, graph):
     """Views of the region's inputs that only the rest of the model reads (ViT's class token
     expanded beside its patches, which joined the forward's open region) leave it: they compute
     nothing, and as outputs they would make a kernel return them too."""
-    leading = set()
-    for n in graph.nodes:
-        if n in r.nodes and op(n) in VIEWS - CASTS and \
-                all(a not in r.nodes or a in leading for a in n.all_input_nodes):
-            leading.add(n)
+    leading = _leading_views(r, graph)
     dropped = set()
     while (gone := {n for n in leading - dropped
                     if not any(u in r.nodes and u not in dropped for u in n.users)}):
@@ -186,6 +182,16 @@ def _drop_passing_views(r, graph):
     if dropped and dropped != r.nodes:
         r.nodes -= dropped
         r.output = [n for n in graph.nodes if n in r.nodes][-1]
+
+
+def _leading_views(r, graph):
+    """The region's views of its own inputs (and of such views): they compute nothing."""
+    leading = set()
+    for n in graph.nodes:
+        if n in r.nodes and op(n) in VIEWS - CASTS and \
+                all(a not in r.nodes or a in leading for a in n.all_input_nodes):
+            leading.add(n)
+    return leading
 
 
 def plug_path(nodes, module, graph, modules=None):
@@ -255,7 +261,10 @@ def _seal(r, graph):
         for a in n.all_input_nodes:
             if a not in r.nodes and a not in r.inputs:
                 r.inputs.append(a)
-    r.outs = [n for n in order if any(u not in r.nodes for u in n.users)]
+    # A view of the inputs that the rest of the model also reads (Swin's qkv permuted, whose
+    # v the attention's matmul reads) is no output: the model's own view node stays for it.
+    views = _leading_views(r, graph)
+    r.outs = [n for n in order if n not in views and any(u not in r.nodes for u in n.users)]
     names = {a: f"in{i}" for i, a in enumerate(r.inputs)}
     names.update({n: f"v{i}" for i, n in enumerate(order)})
 

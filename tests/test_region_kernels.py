@@ -618,32 +618,26 @@ class Cell(torch.nn.Module):
         return self.o1(torch.relu(z)) + self.o2(torch.sigmoid(z))
 
 
-def test_a_region_of_several_outputs_is_judged_packed_and_plugged_back(tmp_path):
-    """Each region of two outputs (the cell's h and c; relu(z) and sigmoid(z)) is written with
-    its reference returning them packed in one flat tensor, and a starter whose one fused kernel
-    writes them there (no cat); the gate passes it; verify's swap views the kernel's output
-    back into the model's values: into the cell's forward in the order it returns them (h, c:
-    not the graph's), and into the model's own graph, eagerly and inside torch.compile."""
+def night_on(model, inputs, tmp_path):
+    """profile, extract --top 9, every region kernel through the gate (PASS), then all of them
+    in a swap, eagerly (each instance checked at its first call) and inside torch.compile:
+    (the plan, the region kernels' plan rows, the swap). The swap must call each once and the
+    compiled model give the model's outputs."""
     import extract
     from autokernel.swap import Swap
     from autokernel.verify_select import load_kernel
-    profile_script = load_module(autokernel.ROOT / "profile.py", "profile_for_packed")
-    torch.manual_seed(0)
-    model, inputs = Cell().eval(), [torch.randn(8, 16), torch.randn(8, 16)]
+    profile_script = load_module(autokernel.ROOT / "profile.py", "profile_in_a_test")
     result = profile_script.profile_model(model, inputs, torch.device("cpu"), torch.float32,
-                                          warmup=0, iters=1, description="Cell")
-    result.update(model="Cell", model_args={})
+                                          warmup=0, iters=1, description=type(model).__name__)
+    result.update(model=type(model).__name__, model_args={})
     (tmp_path / "profile.json").write_text(json.dumps(result))
     extract.main(["--profile", str(tmp_path / "profile.json"), "--workspace", str(tmp_path),
                   "--top", "9"])
     plan = json.loads((tmp_path / "plan.json").read_text())
-    packed = [k for k in plan["kernels"] if k["kernel_type"] == "region" and "packed in one "
-              "flat tensor" in (tmp_path / "regions" / Path(k["region"]["problem"]).name).read_text()]
-    assert sorted(k["name"].split("_")[0] for k in packed) == ["cell", "cellgates"], plan
+    rows = [k for k in plan["kernels"] if k["kernel_type"] == "region"]
     kernels = []
-    for k in packed:
+    for k in rows:
         path = tmp_path / f"{k['name']}.py"
-        assert "torch.cat" not in path.read_text() and "return packed" in path.read_text()
         verdict = judged(path)
         assert verdict["correctness"] == "PASS", (k["name"], verdict["reason"])
         kernels.append(load_kernel(path, k["name"], instances=k["region"]["instances"],
@@ -651,7 +645,7 @@ def test_a_region_of_several_outputs_is_judged_packed_and_plugged_back(tmp_path)
     swap = Swap(kernels, compiled=True)
     try:
         with torch.no_grad(), swap.installed(model):
-            want = model(*inputs)  # eager: each instance checked against its own forward
+            want = model(*inputs)
             compiled = torch.compile(model, backend="aot_eager")
             compiled(*inputs)
             swap.reset()
@@ -663,6 +657,55 @@ def test_a_region_of_several_outputs_is_judged_packed_and_plugged_back(tmp_path)
     assert not any(swap.fallbacks.values()), dict(swap.fallbacks)
     with torch.no_grad():
         assert torch.allclose(got, model(*inputs), atol=1e-5) and torch.allclose(got, want)
+    return plan, rows, swap
+
+
+def test_a_region_of_several_outputs_is_judged_packed_and_plugged_back(tmp_path):
+    """Each region of two outputs (the cell's h and c; relu(z) and sigmoid(z)) is written with
+    its reference returning them packed in one flat tensor, and a starter whose one fused kernel
+    writes them there (no cat); the gate passes it; the swap views the kernel's output back
+    into the model's values: into the cell's forward in the order it returns them (h, c: not
+    the graph's), and into the model's own graph, eagerly and inside torch.compile."""
+    torch.manual_seed(0)
+    plan, rows, _ = night_on(Cell().eval(), [torch.randn(8, 16), torch.randn(8, 16)], tmp_path)
+    packed = [k for k in rows if "packed in one flat tensor" in
+              (tmp_path / "regions" / Path(k["region"]["problem"]).name).read_text()]
+    assert sorted(k["name"].split("_")[0] for k in packed) == ["cell", "cellgates"], plan
+    for k in packed:
+        text = (tmp_path / f"{k['name']}.py").read_text()
+        assert "torch.cat" not in text and "return packed" in text
+
+
+class WindowAttention(torch.nn.Module):
+    """Swin V2's attention core: q, k and v from one linear's output, permuted; cosine scores
+    (normalized q and k, a learned scale), softmax, then v."""
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.scale = torch.nn.Parameter(torch.rand(2, 1, 1) + 1)
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, 2, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = torch.nn.functional.normalize(q, dim=-1) @ \
+            torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+        return (torch.softmax(scores * self.scale, -1) @ v).transpose(1, 2).reshape(B, N, -1)
+
+
+def test_batched_matmuls_run_in_their_regions_kernels_and_a_shared_view_stays_the_models(
+        tmp_path):
+    """Swin's q @ k.T and @ v are their regions' library calls (torch.matmul in the starter:
+    the keys, normalized in the qkv's permuted layout, copied by its own kernel first, not by
+    torch's clone); the permuted qkv, whose v only the rest of the model reads, is no output of
+    the scores' region (its kernel returns the scores alone)."""
+    torch.manual_seed(0)
+    _, rows, _ = night_on(WindowAttention().eval(), [torch.randn(4, 9, 16)], tmp_path)
+    scores = next(k for k in rows if "normalize" in k["ops"])
+    assert "torch.matmul(" in (tmp_path / f"{scores['name']}.py").read_text()
+    assert "packed" not in (tmp_path / "regions" / Path(scores["region"]["problem"]).name
+                            ).read_text()
+    assert any(k["ops"] == ["matmul"] for k in rows), rows
 
 
 class RelativeBias(torch.nn.Module):
