@@ -13,8 +13,10 @@ each call sorted into
     its statistics, then the normalization and the calls after it in one pass); a number the
     forward makes a tensor of is a constant of the kernel;
   * a pooling window (max, average, an adaptive average with equal windows), a cat, a constant
-    pad, or a reduction (sum, mean, amax, amin over any dims; softmax, log_softmax, normalize
-    over one): a kernel of its own (autokernel/region_special.py).
+    pad, a gather by one integer index, or a reduction (sum, mean, amax, amin over any dims;
+    softmax, log_softmax, normalize over one): a kernel of its own (autokernel/region_special.py).
+Where the reference returns several outputs packed in one flat tensor (autokernel/regions.py)
+and one fused kernel computes them all, that kernel writes them into it directly.
 A region with a 2-d convolution is traced in channels_last (NHWC), as torch.compile runs it:
 cuDNN's convolutions are fastest there, and the kernels between them walk and write NHWC (the
 layouts: autokernel/region_special.py). Its forward copies a 4-d input that comes in NCHW into
@@ -23,7 +25,7 @@ puts its 4-d weights in channels_last once. Where channels_last would leave torc
 flatten of an NHWC activation into a GEMM, say) or a norm's output in the other layout, the
 region is traced NCHW, as any other is, and its forward copies a 4-d input that comes in
 channels_last (a neighbouring block's output) into NCHW first.
-A region with any other call (a variance, a min with its indices, a cumsum, a gather, an LSTM)
+A region with any other call (a variance, a min with its indices, a cumsum, a gather by a mask, an LSTM)
 has no generated starter yet: StarterError names the call in one line, and extract.py leaves
 the region's reference for a kernel written by hand.
 
