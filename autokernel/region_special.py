@@ -403,6 +403,42 @@ def gather_code(index, n):
     return kernel, launcher, [x, idx], [n]
 
 
+def roll_code(index, n):
+    """torch.roll over named dims (Swin's shifted windows): output element c reads input
+    element c - shift along each rolled dim, wrapped around; the output contiguous."""
+    x, shifts, dims = arg(n, 0), arg(n, 1, "shifts"), arg(n, 2, "dims")
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = None if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    if dims is None or len(dims) != len(shifts) or not all(isinstance(v, int)
+                                                           for v in shifts + dims):
+        raise StarterError("roll without one constant shift a named dim (no generated code for "
+                           "it yet; write this region's kernel by hand)")
+    (shape, strides), total = meta(x), math.prod(meta(x)[0])
+    shift = {d % len(shape): v for d, v in zip(dims, shifts)}
+    coords = coordinates(shape, list(range(len(shape))))
+    terms = []
+    for d, (c, size, stride) in enumerate(zip(coords, shape, strides)):
+        if d in shift and shift[d] % size:
+            c = f"(({c} + {size - shift[d] % size}) % {size})"
+        if size > 1 and stride:
+            terms.append(c if stride == 1 else f"{c} * {stride}")
+    kernel = "\n".join([
+        "@triton.jit", f"def _roll_{index}(src, out, BLOCK: tl.constexpr):",
+        f'    """x {tuple(shape)} rolled by {shifts} along dims {dims}: the output '
+        'contiguous."""',
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        f"    mask = offs < {total}",
+        f"    v = tl.load(src + {' + '.join(terms) or 'offs * 0'}, mask=mask)",
+        "    tl.store(out + offs, v, mask=mask)", "", ""])
+    launcher = "\n".join([
+        f"def kernel_{index}(x0):", '    """torch.roll: one kernel."""',
+        *layout_check(f"kernel_{index}", [x]),
+        f"    out = {allocation(shape, contiguous(shape), 'x0.dtype')}",
+        f"    _roll_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
+        "num_warps=NUM_WARPS)", "    return out", ""])
+    return kernel, launcher, [x], [n]
+
+
 def pad_code(index, n):
     """F.pad in constant mode (any dims, negative pads crop): each output element loads its
     input element, or takes the value where that falls outside the input (TF-style "same"
@@ -529,5 +565,6 @@ def triton_pow2(n):
 
 SPECIAL = {"max_pool2d": pool_code, "avg_pool2d": pool_code, "adaptive_avg_pool2d": pool_code,
            "adaptive_avg_pool1d": pool_code,
-           "cat": cat_code, "pad": pad_code, "getitem": gather_code, **{name: reduce_code for name in REDUCED},
+           "cat": cat_code, "pad": pad_code, "getitem": gather_code,
+           "roll": roll_code, **{name: reduce_code for name in REDUCED},
            "softmax": reduce_code, "log_softmax": reduce_code, "normalize": reduce_code}

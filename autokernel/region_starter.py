@@ -13,7 +13,7 @@ each call sorted into
     its statistics, then the normalization and the calls after it in one pass); a number the
     forward makes a tensor of is a constant of the kernel;
   * a pooling window (max, average, an adaptive average with equal windows), a cat, a constant
-    pad, a gather by one integer index, or a reduction (sum, mean, amax, amin over any dims;
+    pad, a gather by one integer index, a roll, or a reduction (sum, mean, amax, amin over any dims;
     softmax, log_softmax, normalize over one): a kernel of its own (autokernel/region_special.py).
 Where the reference returns several outputs packed in one flat tensor (autokernel/regions.py)
 and one fused kernel computes them all, that kernel writes them into it directly.

@@ -721,20 +721,9 @@ class RelativeBias(torch.nn.Module):
         return scores + bias.contiguous().unsqueeze(0)
 
 
-def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_buffer(tmp_path):
-    """The table read through the index (a gather) is a kernel of the starter's own; the index
-    stays a buffer of ModelNew (not a constant of the trace), so the swap runs it on each
-    instance's own index: two instances with different indices each get theirs."""
-    from test_regions import captured
-
-    from autokernel.kernel_call import Kernel
+def starter_for(region, tmp_path):
+    """The region's reference and its starter written under tmp_path: the starter's path."""
     from autokernel.state import digest
-    from autokernel.swap import Swap
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(RelativeBias(), RelativeBias()).eval()
-    x = torch.randn(2, 2, 9, 9)
-    (region,) = captured(model, x)[0].values()
-    assert region["instances"] == ["0", "1"] and "self.index" in region["reference"]
     (tmp_path / "ref.py").write_text(region["reference"])
     path = tmp_path / "k.py"
     path.write_text(region_starter.starter_source(
@@ -743,6 +732,37 @@ def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_bu
             f"KERNELBENCH_PROBLEM = {str(tmp_path / 'ref.py')!r}",
             f"KERNELBENCH_SHA256 = {digest((tmp_path / 'ref.py').read_bytes())!r}",
             "BENCH_DTYPE = 'fp32'"])}))
+    return path
+
+
+class ShiftedWindows(torch.nn.Module):
+    def forward(self, x):  # Swin's cyclic shift before its windows, then some arithmetic
+        return torch.roll(x, shifts=(-1, 2), dims=(1, 2)) * 2.0 + 1.0
+
+
+def test_a_roll_gets_a_kernel_of_its_own(tmp_path):
+    from test_regions import captured
+    (region,) = captured(ShiftedWindows(), torch.randn(2, 5, 7, 3))[0].values()
+    path = starter_for(region, tmp_path)
+    assert "_roll_" in path.read_text()
+    verdict = judged(path)
+    assert verdict["correctness"] == "PASS", verdict["reason"]
+
+
+def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_buffer(tmp_path):
+    """The table read through the index (a gather) is a kernel of the starter's own; the index
+    stays a buffer of ModelNew (not a constant of the trace), so the swap runs it on each
+    instance's own index: two instances with different indices each get theirs."""
+    from test_regions import captured
+
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(RelativeBias(), RelativeBias()).eval()
+    x = torch.randn(2, 2, 9, 9)
+    (region,) = captured(model, x)[0].values()
+    assert region["instances"] == ["0", "1"] and "self.index" in region["reference"]
+    path = starter_for(region, tmp_path)
     assert "_gather_" in path.read_text() and "self.index" in path.read_text()
     verdict = judged(path)
     assert verdict["correctness"] == "PASS", verdict["reason"]
