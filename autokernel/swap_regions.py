@@ -16,7 +16,8 @@ the instance keeps its own forward for good and the reason is counted as the ker
 where they agree, ModelNew runs from then on, each call counted. Where the region is all a child
 module computes (a torch.nn conv in a block that also runs a kernel type: profile.json's
 "plug"), that child's forward is the one replaced, its tensors named as the region's module
-names them. ModelNew's inputs are made contiguous first (as_drawn): its reference drew them so.
+names them. ModelNew's inputs are made contiguous first (as_drawn), as its reference drew them,
+unless it computes the same on them as they come (laid_out_for: checked once per layout).
 
 A region that is only part of a forward (plug null: a written-out GELU between two linears, a
 DoubleConv's half before a softmax) is plugged into the forward's captured graph instead
@@ -69,7 +70,7 @@ def instance_forward(swap, kernel, module, path, original):
     # checked: input signature -> its frame (None: ModelNew's output is the forward's);
     # packed: input signature -> how ModelNew's one tensor packs the forward's several (packing)
     state = {"checked": {}, "why": None, "new": None, "tensors": None, "ops": {}, "bodies": [],
-             "packed": {}}
+             "packed": {}, "layouts": {}}
 
     def tensors():
         """ModelNew's parameters and buffers by name -> the instance's own tensors."""
@@ -83,9 +84,11 @@ def instance_forward(swap, kernel, module, path, original):
             return None, f"the module has no tensor for ModelNew.{missing[0]}"
         return {n: in_layout(own[n], mine[n]) for n in wanted}, None
 
+    def call(args, kwargs):
+        return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
+
     def run(args, kwargs, key):
-        args, kwargs = tree_map(as_drawn, (args, kwargs))
-        out = torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
+        out = call(*laid_out_for(state["layouts"], call, args, kwargs))
         packed = state["packed"].get(key)
         return out if packed is None else in_forward_order(out, *packed)
 
@@ -201,6 +204,26 @@ def as_drawn(value):
     return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
+def laid_out_for(taken, call, args, kwargs):
+    """(args, kwargs) for ModelNew: as they come where it takes them so, else as drawn. Whether
+    it does is decided once per layout of the inputs (shapes and strides), at the first call:
+    where some input is not contiguous (a previous block's kernel left it channels_last, say),
+    ModelNew runs on it as it comes and as drawn, and takes it as it comes from then on if the
+    two agree (a starter's convolution block takes NCHW or NHWC: two copies saved a block).
+    taken: the decisions so far, by layout."""
+    leaves = tree_flatten((args, kwargs))[0]
+    key = tuple((tuple(v.shape), v.stride()) for v in leaves if isinstance(v, torch.Tensor))
+    if key not in taken:
+        taken[key] = all(v.is_contiguous() for v in leaves if isinstance(v, torch.Tensor))
+        if not taken[key]:
+            try:
+                taken[key] = disagreement(call(args, kwargs),
+                                          call(*tree_map(as_drawn, (args, kwargs)))) is None
+            except Exception:  # noqa: BLE001  (it does not take them: as drawn, then)
+                taken[key] = False
+    return (args, kwargs) if taken[key] else tree_map(as_drawn, (args, kwargs))
+
+
 def in_layout(t, like):
     """The instance's tensor, or, where ModelNew holds its own in another layout (a
     convolution's weight in channels_last), a copy of it in that layout."""
@@ -220,7 +243,7 @@ def graph_call(swap, kernel, names, where, packed=None):
     (regions.unpack). Calls are counted at `where`; inside
     torch.compile it is the kernel's custom op, whose fake gives the outputs its first eager
     call saw (the graph swap traces only graphs whose first call ran eagerly)."""
-    state = {"new": None, "key": None, "spec": None, "copies": {}}
+    state = {"new": None, "key": None, "spec": None, "copies": {}, "layouts": {}}
 
     def run(inputs):
         if state["new"] is None:  # in the dtype of its parameters, else of its float inputs
@@ -235,8 +258,11 @@ def graph_call(swap, kernel, names, where, packed=None):
             state["new"], state["mine"] = new, mine  # (built and checked once: a hot path)
         mine = state["mine"]
         tensors = {n: laid_out(t, mine[n]) for n, t in zip(names, inputs) if n in mine}
-        args = [as_drawn(t) for t, n in zip(inputs, names) if n is None]
-        return torch.func.functional_call(state["new"], tensors, tuple(args))
+        args = tuple(t for t, n in zip(inputs, names) if n is None)
+
+        def call(args, kwargs):
+            return torch.func.functional_call(state["new"], tensors, args, kwargs)
+        return call(*laid_out_for(state["layouts"], call, args, {}))
 
     def laid_out(t, like):
         """in_layout, its copy made again only when the tensor has changed (a training step)."""

@@ -775,3 +775,30 @@ def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_bu
             got = model(x)
     assert swap.calls["k"] == 2 and not swap.fallbacks["k"], dict(swap.fallbacks)
     assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_a_region_kernel_gets_the_models_tensors_as_they_come_only_where_it_computes_the_same():
+    """A channels_last input (a previous block's kernel left it so) goes to ModelNew as it
+    comes where ModelNew gives the same as on the contiguous copy its reference draws (a
+    starter's convolution block); where it gives something else or refuses the strides, the
+    copy is made, at every call of that layout. Contiguous inputs are never in question."""
+    from autokernel.swap_regions import laid_out_for
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    by_value = lambda args, kwargs: args[0] * 2  # noqa: E731
+    def by_memory(args, kwargs):  # index math written for contiguous strides, not checked
+        a = args[0]
+        return a.as_strided(a.shape, torch.empty(a.shape).stride()) * 2
+
+    def strict(args, kwargs):
+        if not args[0].is_contiguous():
+            raise ValueError("written for contiguous strides")
+        return args[0] * 2
+    for call, as_they_come in [(by_value, True), (by_memory, False), (strict, False)]:
+        taken = {}
+        for _ in range(2):
+            (got,), _ = laid_out_for(taken, call, (x,), {})
+            assert (got is x) == as_they_come and torch.equal(got, x), call
+        assert list(taken.values()) == [as_they_come]
+    taken = {}
+    (got,), _ = laid_out_for(taken, strict, (x.contiguous(),), {})
+    assert list(taken.values()) == [True]
