@@ -360,8 +360,6 @@ def test_regions_run_inside_torch_compile_as_one_op_each(extracted):
     as custom ops, whole forwards and the GELU inside its MLP's graph alike: after the eager
     forward that checks each instance, the compiled forward has no graph break, calls each
     region kernel once, and gives the model's outputs."""
-    from autokernel import verify_run
-    from autokernel.swap import Swap
     from autokernel.verify_select import load_kernel
     work, plan, _ = extracted
     entries = [k for k in plan["kernels"]
@@ -371,10 +369,22 @@ def test_regions_run_inside_torch_compile_as_one_op_each(extracted):
                for k in entries]
     problem = load_module(work / "net.py")
     model, inputs = problem.Model().eval(), problem.get_inputs()
+    swap, want, got = compiled_swap(kernels, model, inputs)
+    assert len(kernels) == 3 and {k.name: swap.calls[k.name] for k in kernels} == \
+        {k.name: 1 for k in kernels}, dict(swap.calls)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def compiled_swap(kernels, model, inputs):
+    """A compiled swap, as verify.py's torch.compile with the kernels inside: an eager forward
+    that checks each instance against its own forward, then the compiled forward (no graph
+    break) with the calls counted afresh: (the swap, the eager output, the compiled one)."""
+    from autokernel import verify_run
+    from autokernel.swap import Swap
     swap = Swap(kernels, compiled=True)
     try:
         with torch.no_grad(), swap.installed(model):
-            want = model(*inputs)  # eager: each instance checked against its own forward
+            want = model(*inputs)
             assert verify_run.graph_breaks(model, inputs) == 0
             compiled = torch.compile(model, backend="aot_eager")
             compiled(*inputs)
@@ -382,9 +392,7 @@ def test_regions_run_inside_torch_compile_as_one_op_each(extracted):
             got = compiled(*inputs)
     finally:
         torch._dynamo.reset()
-    assert len(kernels) == 3 and {k.name: swap.calls[k.name] for k in kernels} == \
-        {k.name: 1 for k in kernels}, dict(swap.calls)
-    assert torch.allclose(got, want, atol=1e-5)
+    return swap, want, got
 
 
 def test_kept_region_kernels_ship_in_the_exported_package(extracted, tmp_path):
@@ -624,7 +632,6 @@ def night_on(model, inputs, tmp_path):
     (the plan, the region kernels' plan rows, the swap). The swap must call each once and the
     compiled model give the model's outputs."""
     import extract
-    from autokernel.swap import Swap
     from autokernel.verify_select import load_kernel
     profile_script = load_module(autokernel.ROOT / "profile.py", "profile_in_a_test")
     result = profile_script.profile_model(model, inputs, torch.device("cpu"), torch.float32,
@@ -642,16 +649,7 @@ def night_on(model, inputs, tmp_path):
         assert verdict["correctness"] == "PASS", (k["name"], verdict["reason"])
         kernels.append(load_kernel(path, k["name"], instances=k["region"]["instances"],
                                    plug=k["region"]["plug"], region_id=k["region"]["id"]))
-    swap = Swap(kernels, compiled=True)
-    try:
-        with torch.no_grad(), swap.installed(model):
-            want = model(*inputs)
-            compiled = torch.compile(model, backend="aot_eager")
-            compiled(*inputs)
-            swap.reset()
-            got = compiled(*inputs)
-    finally:
-        torch._dynamo.reset()
+    swap, want, got = compiled_swap(kernels, model, inputs)
     assert {k.name: swap.calls[k.name] for k in kernels} == {k.name: 1 for k in kernels}, \
         (dict(swap.calls), dict(swap.fallbacks))
     assert not any(swap.fallbacks.values()), dict(swap.fallbacks)
