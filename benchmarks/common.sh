@@ -4,7 +4,8 @@
 #   PYTHON   the interpreter (default python3: a GPU machine's own, with its torch and triton;
 #            in a uv checkout e.g. PYTHON="uv run --frozen python")
 #   OUTDIR   the script's first argument, else $OUT, else workspace/benchmarks
-#   COMMIT   names the measured commit where the tree is not a git checkout
+#   COMMIT   names the measured commit where the tree is not a git checkout, or is a copy laid
+#            over an older one (a lent GPU machine's: git there names its base, "+edits")
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
