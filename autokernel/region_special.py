@@ -369,6 +369,18 @@ def cat_code(index, n):
     return "\n".join(kernels).rstrip() + "\n", "\n".join(launcher), list(tensors), [n]
 
 
+def flat_launcher(index, kname, inputs, shape, strides, doc):
+    """The launcher of a kernel whose programs each take BLOCK of the output's elements (a pad,
+    a gather, a roll): its inputs' strides checked, the output allocated, one launch."""
+    args = ", ".join(f"x{i}" for i in range(len(inputs)))
+    return "\n".join([
+        f"def kernel_{index}({args}):", f'    """{doc}"""',
+        *layout_check(f"kernel_{index}", inputs),
+        f"    out = {allocation(shape, strides, 'x0.dtype')}",
+        f"    {kname}[(triton.cdiv({math.prod(shape)}, BLOCK),)]({args}, out, BLOCK=BLOCK, "
+        "num_warps=NUM_WARPS)", "    return out", ""])
+
+
 def gather_code(index, n):
     """x[idx] with one integer tensor index (Swin's relative position bias read from its table):
     for each element of idx, a row of x (along dim 0), negative indices counted from the end."""
@@ -394,12 +406,8 @@ def gather_code(index, n):
         f"    row = tl.where(row < 0, row + {x_shape[0]}, row)",
         f"    v = tl.load(src + row * {x_strides[0]} + {rest}, mask=mask)",
         "    tl.store(out + offs, v, mask=mask)", "", ""])
-    launcher = "\n".join([
-        f"def kernel_{index}(x0, x1):", '    """x[idx]: a gather, one kernel."""',
-        *layout_check(f"kernel_{index}", [x, idx]),
-        f"    out = {allocation(shape, contiguous(shape), 'x0.dtype')}",
-        f"    _gather_{index}[(triton.cdiv({math.prod(shape)}, BLOCK),)](x0, x1, out, "
-        "BLOCK=BLOCK, num_warps=NUM_WARPS)", "    return out", ""])
+    launcher = flat_launcher(index, f"_gather_{index}", [x, idx], shape, contiguous(shape),
+                             "x[idx]: a gather, one kernel.")
     return kernel, launcher, [x, idx], [n]
 
 
@@ -430,12 +438,8 @@ def roll_code(index, n):
         f"    mask = offs < {total}",
         f"    v = tl.load(src + {' + '.join(terms) or 'offs * 0'}, mask=mask)",
         "    tl.store(out + offs, v, mask=mask)", "", ""])
-    launcher = "\n".join([
-        f"def kernel_{index}(x0):", '    """torch.roll: one kernel."""',
-        *layout_check(f"kernel_{index}", [x]),
-        f"    out = {allocation(shape, contiguous(shape), 'x0.dtype')}",
-        f"    _roll_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
-        "num_warps=NUM_WARPS)", "    return out", ""])
+    launcher = flat_launcher(index, f"_roll_{index}", [x], shape, contiguous(shape),
+                             "torch.roll: one kernel.")
     return kernel, launcher, [x], [n]
 
 
@@ -470,12 +474,9 @@ def pad_code(index, n):
               f"other={float(value or 0.0)!r})",
               f"    tl.store(out + {index_expr(permuted(shape, order), permuted(strides, order))}"
               ", v, mask=mask)", ""]
-    launcher = [f"def kernel_{index}(x0):", f'    """pad: one Triton kernel."""',
-                *layout_check(f"kernel_{index}", [x]),
-                f"    out = {allocation(shape, strides, 'x0.dtype')}",
-                f"    _pad_{index}[(triton.cdiv({total}, BLOCK),)](x0, out, BLOCK=BLOCK, "
-                "num_warps=NUM_WARPS)", "    return out", ""]
-    return "\n".join(lines), "\n".join(launcher), [x], [n]
+    launcher = flat_launcher(index, f"_pad_{index}", [x], shape, strides,
+                             "pad: one Triton kernel.")
+    return "\n".join(lines), launcher, [x], [n]
 
 
 # The reductions a region kernel computes itself: the value its masked lanes load (the

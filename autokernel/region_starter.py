@@ -228,7 +228,7 @@ def group_code(index, nodes, outside, packed=False):
     return kernel, launcher, inputs, outputs
 
 
-def _pack(graph, groups, group_of):
+def _pack(graph, groups, group_of, outside):
     """Where the reference returns its several outputs packed (torch.cat of each flattened:
     autokernel/regions.py) and one fused group computes them all, in order and contiguous:
     (that group, the cat, the flattens), so the group writes them into the packed tensor
@@ -243,8 +243,7 @@ def _pack(graph, groups, group_of):
     g = group_of.get(values[0])
     if g is None or any(group_of.get(v) != g for v in values):
         return None
-    members = set(groups[g])
-    outputs = [n for n in groups[g] if any(u not in members for u in n.users)]
+    outputs = [n for n in groups[g] if outside(n)]  # as group_code finds them
     if outputs != values or len({meta(v) and str(v.meta["tensor_meta"].dtype)
                                  for v in values}) != 1 or \
             any(tuple(meta(v)[1]) != contiguous(meta(v)[0]) for v in values):
@@ -355,7 +354,7 @@ def _starter_source(problem_path, header):
     def outside(n):
         return any(u not in groups[group_of[n]] for u in n.users)
 
-    pack = _pack(graph, groups, group_of)
+    pack = _pack(graph, groups, group_of, outside)
     g_packed, cat, flats = pack or (None, None, [])
     pieces = {g: group_code(g, nodes, outside, g == g_packed) for g, nodes in enumerate(groups)}
     for n in graph.nodes:  # a pooling or a cat: a unit (and a kernel) of its own

@@ -88,7 +88,7 @@ def instance_forward(swap, kernel, module, path, original):
         return torch.func.functional_call(state["new"], state["tensors"], args, kwargs)
 
     def run(args, kwargs, key):
-        out = call(*laid_out_for(state["layouts"], call, args, kwargs))
+        out = call(*laid_out_for(state["layouts"], call, args, kwargs, key))
         packed = state["packed"].get(key)
         return out if packed is None else in_forward_order(out, *packed)
 
@@ -204,16 +204,19 @@ def as_drawn(value):
     return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
-def laid_out_for(taken, call, args, kwargs):
+def laid_out_for(taken, call, args, kwargs, key=None):
     """(args, kwargs) for ModelNew: as they come where it takes them so, else as drawn. Whether
     it does is decided once per layout of the inputs (shapes and strides), at the first call:
     where some input is not contiguous (a previous block's kernel left it channels_last, say),
     ModelNew runs on it as it comes and as drawn, and takes it as it comes from then on if the
     two agree (a starter's convolution block takes NCHW or NHWC: two copies saved a block).
-    taken: the decisions so far, by layout."""
-    leaves = tree_flatten((args, kwargs))[0]
-    key = tuple((tuple(v.shape), v.stride()) for v in leaves if isinstance(v, torch.Tensor))
+    taken: the decisions so far, by layout; key: the inputs' signature where the caller has it
+    (a region's call is on the model's hot path)."""
+    if key is None:
+        key = tuple((tuple(v.shape), v.stride()) for v in tree_flatten((args, kwargs))[0]
+                    if isinstance(v, torch.Tensor))
     if key not in taken:
+        leaves = tree_flatten((args, kwargs))[0]
         taken[key] = all(v.is_contiguous() for v in leaves if isinstance(v, torch.Tensor))
         if not taken[key]:
             try:
