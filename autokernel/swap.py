@@ -278,7 +278,8 @@ SWAP_RULES = {
                            patches=(swap_hf.qkv_patches,)),
     # the same entry point as flash_attention: one handler tells a decode step's call apart
     "decode_attention": SwapRule(functions={(F, "scaled_dot_product_attention"):
-                                            swap_torch.sdpa}),
+                                            swap_torch.sdpa},
+                                 patches=(swap_hf.gqa_patches,)),
 }
 assert set(SWAP_RULES) == set(autokernel.KERNEL_TYPE_NAMES)
 # Every torch entry point a rule patches: a graph swap's rewritten forward looks them up when it

@@ -8,6 +8,8 @@ patched only where the installed version looks the way these patches expect.
                     call, the layer's own forward kept (masks, caches, attention backends)
     mask_patches    masking_utils lets SDPA's is_causal mask where the eager forward would, so a
                     compiled forward reaches the flash_attention kernel
+    gqa_patches     a decode step's grouped-query attention reaches decode_attention with the
+                    cache's own key/value heads, not copies repeated to every query head
 
 A patcher gets (swap, model) and returns [(owner, attribute, replacement)].
 """
@@ -23,6 +25,7 @@ from autokernel import computed
 from autokernel.cli import describe
 from autokernel.kernel_call import FLOAT_DTYPES
 from autokernel.patching import applying, capturing
+from autokernel.recognize import DECODE_MAX_QUERIES
 from autokernel.swap_modules import (UNEQUAL_QKV, cat_qkv, probed, random_copy, stackable,
                                      stacked_qkv)
 
@@ -340,3 +343,28 @@ def _hf_packed_patches(masking, model):
     if not patches:
         return []
     return patches + [(masking, "find_packed_sequence_indices", find_packed_sequence_indices)]
+
+
+def gqa_patches(swap, model):
+    """transformers hands SDPA grouped-query keys and values as they are (enable_gqa) only where
+    no mask is passed; with a mask, as at every step over a static cache, it copies the whole
+    cache to every query head first (repeat_kv; eager transformers >= 5.2x folds the heads into
+    the query instead, but a compiled forward still copies). At Llama-3.2-1B's 4 query heads a
+    KV head that copy moves 5x the cache's bytes a layer and makes the attention read 4x them.
+    decode_attention takes the KV heads as they are, so while it is active a decode step's mask
+    (at most DECODE_MAX_QUERIES queries over a longer cache) answers "use enable_gqa"; a call
+    the kernel then refuses still computes the same in torch (SDPA broadcasts the heads itself).
+    A prefill and any other call: the original decides."""
+    sdpa = sys.modules.get("transformers.integrations.sdpa_attention")
+    original = getattr(sdpa, "use_gqa_in_sdpa", None)
+    if not callable(original):
+        return []
+
+    def use_gqa_in_sdpa(attention_mask, *args, **kwargs):
+        if swap.active("decode_attention") and isinstance(attention_mask, torch.Tensor) \
+                and attention_mask.dim() in (2, 4) \
+                and attention_mask.shape[-2] <= DECODE_MAX_QUERIES \
+                and attention_mask.shape[-2] < attention_mask.shape[-1]:
+            return True
+        return original(attention_mask, *args, **kwargs)
+    return [(sdpa, "use_gqa_in_sdpa", use_gqa_in_sdpa)]

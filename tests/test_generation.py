@@ -125,6 +125,9 @@ def test_a_compiled_step_reuses_what_the_first_eager_step_worked_out():
         step.warm_up(3)
     layers = 2
     assert swap.calls["qkv_rotary"] == 3 * layers and swap.calls["decode_attention"] == 3 * layers
+    # the compiled step's attention reads the cache's own 2 KV heads (B x Hq x Hkv x Sq x L x D),
+    # not the copy transformers repeats to all 4 query heads when SDPA gets a mask
+    assert swap.shapes["decode_attention"] == {"2x4x2x1x12x32"}
 
 
 def test_a_compiled_swap_compiles_every_layers_patched_forward(monkeypatch):
