@@ -70,10 +70,12 @@ def owner_of(node, modules=None):
     has no class of its own per block); (None, None) for code in the top-level forward.
     modules: {str(id(module)): its name in the model}, the keys of Dynamo's module stack (a
     module reached through a closure or a lambda has its own name there, not the way the
-    forward reached it)."""
+    forward reached it). The model's own entry, which a trace of the model passed as an argument
+    (the graph swap's) has and a trace of its forward (the profile's) has not, is skipped: both
+    cut the same regions."""
     container = None, None
     for key, (path, cls) in reversed(list((node.meta.get("nn_module_stack") or {}).items())):
-        if not isinstance(cls, type):
+        if not isinstance(cls, type) or (modules or {}).get(key) == "":
             continue
         if not cls.__module__.startswith("torch.nn"):
             return (modules or {}).get(key, module_path(path)), cls.__name__

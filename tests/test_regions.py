@@ -344,3 +344,44 @@ def test_a_batched_matmul_is_part_of_its_region_not_the_matmul_type():
     found, _ = captured_with(CosineAttention().eval(), (q, k, v))
     ops = sorted(r["ops"] for r in found.values())  # the softmax between them is its type's
     assert ops == [["matmul"], ["normalize", "normalize", "matmul", "mul", "add"]], ops
+
+
+class SequentialNet(nn.Module):
+    """KernelBench's MobileNetV2 in small: a stem of torch.nn layers straight in a Sequential
+    (no block class of its own), then a block that is a Sequential of its own."""
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8),
+                                      nn.ReLU6(inplace=True),
+                                      nn.Sequential(nn.Conv2d(8, 8, 1, bias=False),
+                                                    nn.BatchNorm2d(8)))
+
+    def forward(self, x):
+        return self.features(x).flatten(1)
+
+
+def test_a_region_in_a_container_at_the_top_is_plugged_where_the_profile_cut_it(tmp_path):
+    """The stem's conv, norm and clamp are a region of `features` (the container they ran in),
+    part of its forward: the graph swap, which traces the model with the model's own module on
+    Dynamo's stack (the profile's trace has not), cuts the same region there and plugs the
+    kernel in (once it cut the whole model as one region of another id: silently never run)."""
+    from autokernel import region_starter
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    torch.manual_seed(0)
+    model, x = trained_like(SequentialNet()).eval(), torch.randn(2, 3, 8, 8)
+    found, _ = captured(model, x)
+    (stem,) = [r for r in found.values() if r["ops"] == ["conv2d", "batch_norm", "hardtanh"]]
+    assert stem["instances"] == ["features"] and stem["plug"] is None
+    (tmp_path / "ref.py").write_text(stem["reference"])
+    (tmp_path / "k.py").write_text(region_starter.starter_source(
+        tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
+    kernel = Kernel("k", "region", tmp_path / "k.py", load_module(tmp_path / "k.py").ModelNew,
+                    instances=stem["instances"], plug=None, region_id=stem["id"])
+    swap = Swap([kernel])
+    with torch.no_grad():
+        want = model(x)
+        with swap.installed(model):
+            got = model(x)
+    assert swap.calls["k"] == 1 and not swap.fallbacks["k"], swap.fallbacks
+    assert torch.allclose(got, want, atol=1e-5)
