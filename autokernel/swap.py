@@ -257,7 +257,8 @@ SWAP_RULES = {
                                   (torch, "matmul"): swap_torch.matmul,
                                   (T, "matmul"): swap_torch.matmul,
                                   (T, "__matmul__"): swap_torch.matmul},  # x @ W
-                       modules=(swap_modules.projection_act_module,)),
+                       modules=(swap_modules.projection_act_module,),
+                       patches=(swap_torch.traced_through,)),
     "softmax": SwapRule(functions={(F, "softmax"): swap_torch.softmax_functional,
                                    (torch, "softmax"): swap_torch.softmax_torch,
                                    (T, "softmax"): swap_torch.softmax_torch}),

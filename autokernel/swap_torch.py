@@ -3,7 +3,9 @@ The swap rules' handlers of torch's own calls: F.linear, torch.addmm (transforme
 x @ W with a 2-D W (matmul, the bias going into the kernel's epilogue),
 F.scaled_dot_product_attention (flash_attention), F.layer_norm and F.rms_norm over one or several
 trailing dims (layernorm, rmsnorm), F.softmax / torch.softmax / Tensor.softmax over the last dim
-(softmax), F.cross_entropy (cross_entropy), torch.sum / Tensor.sum over any one dim (reduce).
+(softmax), F.cross_entropy (cross_entropy), torch.sum / Tensor.sum over any one dim (reduce); and
+traced_through, the matmul rule's patch that lets Dynamo see the linears inside
+F.multi_head_attention_forward.
 
 A handler gets the intercepted call's arguments, bound to its own signature after `swap`
 (autokernel/patching.py), and returns the result, or FALLBACK after swap.fallback(type, reason):
@@ -12,8 +14,10 @@ a call outside the kernel contract runs the original op. The glue around the ker
 type's handlers take.
 """
 import math
+import types
 
 import torch
+import torch.nn.functional as F
 
 from autokernel.kernel_call import FLOAT_DTYPES
 from autokernel.patching import FALLBACK, capturing
@@ -265,3 +269,22 @@ def torch_sum(swap, input, dim=None, keepdim=False, *, dtype=None):
     d = one_dim(dim, input.dim())
     out = swap.run("reduce", x=input.contiguous(), dim=d)
     return out.unsqueeze(d) if keepdim else out
+
+
+def traced_through(swap, model):
+    """Dynamo runs a few torch.nn.functional functions, multi_head_attention_forward among them
+    (nn.MultiheadAttention's, so every nn.TransformerEncoderLayer's), as one in-graph call: it
+    runs the function's Python on fake tensors outside its own tracing. The linears inside then
+    get weights with no link to the model's parameters, and the matmul kernel's weight copy
+    (WeightCache: made once per weight) is made inside the graph, again at every forward: a
+    read and a write of every attention weight. A copy of the function (its code, not the
+    object Dynamo's rules name) is traced like the model's own code, parameters and all.
+    Compiled swaps only; in eager the function runs as it is."""
+    if not swap.compiled or not any(isinstance(m, torch.nn.MultiheadAttention)
+                                    for m in model.modules()):
+        return []
+    original = F.multi_head_attention_forward
+    copy = types.FunctionType(original.__code__, original.__globals__, original.__name__,
+                              original.__defaults__, original.__closure__)
+    copy.__kwdefaults__ = original.__kwdefaults__
+    return [(F, "multi_head_attention_forward", copy)]

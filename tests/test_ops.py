@@ -171,6 +171,35 @@ def test_compiled_model_with_kernels_traces_without_graph_breaks():
     assert result["passed"], result
 
 
+def test_a_compiled_attention_layer_reads_the_weight_copies_made_once():
+    """nn.TransformerEncoderLayer's attention runs F.multi_head_attention_forward, which Dynamo
+    would run as one in-graph call on fake tensors: its linears' weights, unknown to the weight
+    cache there, were transposed into new copies inside the graph at every forward. The
+    compiled graph holds the four matmul calls and no copy of a weight."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
+    x = torch.randn(5, 2, 16)
+    swap = Swap([kernel("matmul")], compiled=True)
+    try:
+        with torch.no_grad(), swap.installed(layer):
+            want = layer(x)  # eager: each weight's copy made once
+            got = torch.compile(layer, backend=aot_autograd(fw_compiler=keep))(x)
+    finally:
+        torch._dynamo.reset()
+    ops_run = Counter(str(n.target) for g in graphs for n in g.graph.nodes
+                      if n.op == "call_function")
+    assert sum(n for op, n in ops_run.items() if "autokernel.matmul" in op) == 4, ops_run
+    assert not ops_run["aten.new_zeros.default"] and not ops_run["aten.t.default"], ops_run
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_verify_times_torch_compile_with_kernels_inside():
     model, inputs = tiny_custom()
     report = verify_run.verify(model, inputs, [kernel(n) for n in CUSTOM_TYPES], warmup=0, repeat=1,
