@@ -751,10 +751,7 @@ def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_bu
     """The table read through the index (a gather) is a kernel of the starter's own; the index
     stays a buffer of ModelNew (not a constant of the trace), so the swap runs it on each
     instance's own index: two instances with different indices each get theirs."""
-    from test_regions import captured
-
-    from autokernel.kernel_call import Kernel
-    from autokernel.swap import Swap
+    from test_regions import captured, swapped
     torch.manual_seed(0)
     model = torch.nn.Sequential(RelativeBias(), RelativeBias()).eval()
     x = torch.randn(2, 2, 9, 9)
@@ -764,13 +761,7 @@ def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_bu
     assert "_gather_" in path.read_text() and "self.index" in path.read_text()
     verdict = judged(path)
     assert verdict["correctness"] == "PASS", verdict["reason"]
-    kernel = Kernel("k", "region", path, load_module(path).ModelNew,
-                    instances=region["instances"], plug=region["plug"])
-    swap = Swap([kernel])
-    with torch.no_grad():
-        want = model(x)
-        with swap.installed(model):
-            got = model(x)
+    swap, want, got = swapped(region, model, x, path)
     assert swap.calls["k"] == 2 and not swap.fallbacks["k"], dict(swap.fallbacks)
     assert torch.allclose(got, want, atol=1e-6)
 

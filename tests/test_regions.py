@@ -74,6 +74,21 @@ def captured_with(model, inputs):
     return found, out
 
 
+def swapped(region, model, x, path):
+    """The region kernel file at path plugged in where the region's instances are, as a plan
+    row names it: (the swap, the model's own output on x, its output with the kernel in)."""
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    kernel = Kernel("k", "region", path, load_module(path).ModelNew,
+                    instances=region["instances"], plug=region["plug"], region_id=region["id"])
+    swap = Swap([kernel])
+    with torch.no_grad():
+        want = model(x)
+        with swap.installed(model):
+            got = model(x)
+    return swap, want, got
+
+
 def test_regions_are_cut_per_module_and_grouped_by_what_they_compute():
     found, _ = captured(trained_like(Net()), torch.randn(2, 3, 8, 8))
     by_label = {}
@@ -273,8 +288,6 @@ def test_a_region_that_is_all_a_child_computes_is_plugged_in_at_that_child(tmp_p
     permute after it left to the block's code), with the instance's own weights; the residual
     add is no module's whole forward."""
     from autokernel import region_starter
-    from autokernel.kernel_call import Kernel
-    from autokernel.swap import Swap
     torch.manual_seed(0)
     model, x = nn.Sequential(ConvNeXtBlock(4), ConvNeXtBlock(4)).eval(), torch.randn(1, 4, 6, 6)
     found, _ = captured(model, x)
@@ -285,13 +298,7 @@ def test_a_region_that_is_all_a_child_computes_is_plugged_in_at_that_child(tmp_p
     (tmp_path / "ref.py").write_text(conv["reference"])
     (tmp_path / "k.py").write_text(region_starter.starter_source(
         tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
-    kernel = Kernel("k", "region", tmp_path / "k.py", load_module(tmp_path / "k.py").ModelNew,
-                    instances=conv["instances"], plug=conv["plug"])
-    swap = Swap([kernel])
-    with torch.no_grad():
-        want = model(x)
-        with swap.installed(model):
-            got = model(x)
+    swap, want, got = swapped(conv, model, x, tmp_path / "k.py")
     assert swap.calls["k"] == 2 and not swap.fallbacks["k"], swap.fallbacks
     assert torch.allclose(got, want, atol=1e-5)
 
@@ -366,8 +373,6 @@ def test_a_region_in_a_container_at_the_top_is_plugged_where_the_profile_cut_it(
     Dynamo's stack (the profile's trace has not), cuts the same region there and plugs the
     kernel in (once it cut the whole model as one region of another id: silently never run)."""
     from autokernel import region_starter
-    from autokernel.kernel_call import Kernel
-    from autokernel.swap import Swap
     torch.manual_seed(0)
     model, x = trained_like(SequentialNet()).eval(), torch.randn(2, 3, 8, 8)
     found, _ = captured(model, x)
@@ -376,12 +381,6 @@ def test_a_region_in_a_container_at_the_top_is_plugged_where_the_profile_cut_it(
     (tmp_path / "ref.py").write_text(stem["reference"])
     (tmp_path / "k.py").write_text(region_starter.starter_source(
         tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
-    kernel = Kernel("k", "region", tmp_path / "k.py", load_module(tmp_path / "k.py").ModelNew,
-                    instances=stem["instances"], plug=None, region_id=stem["id"])
-    swap = Swap([kernel])
-    with torch.no_grad():
-        want = model(x)
-        with swap.installed(model):
-            got = model(x)
+    swap, want, got = swapped(stem, model, x, tmp_path / "k.py")
     assert swap.calls["k"] == 1 and not swap.fallbacks["k"], swap.fallbacks
     assert torch.allclose(got, want, atol=1e-5)
