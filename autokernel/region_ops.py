@@ -80,6 +80,10 @@ ELEMENTWISE = {
     "max": lambda a: f"tl.maximum({a(0)}, {a(1, 'other')})",  # binary (kind_of: not over a dim)
     "min": lambda a: f"tl.minimum({a(0)}, {a(1, 'other')})",
     "where": lambda a: f"tl.where({a(0)}, {a(1)}, {a(2)})",
+    # a constant of x's shape: from x's block, not x * 0 (inf and nan times 0 are nan)
+    "zeros_like": lambda a: f"tl.zeros_like({a(0)})",
+    "ones_like": lambda a: f"(tl.zeros_like({a(0)}) + 1.0)",
+    "full_like": lambda a: f"(tl.zeros_like({a(0)}) + {a.raw(1, 'fill_value')})",
     "leaky_relu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, "
                             f"{a(0)} * {a.raw(1, 'negative_slope', 0.01)})",
     "elu": lambda a: f"tl.where({a(0)} > 0, {a(0)}, "

@@ -791,3 +791,24 @@ def test_a_region_kernel_gets_the_models_tensors_as_they_come_only_where_it_comp
     taken = {}
     (got,), _ = laid_out_for(taken, strict, (x.contiguous(),), {})
     assert list(taken.values()) == [True]
+
+
+class QkvBias(torch.nn.Module):
+    """Swin V2's q/k/v bias (k's is zeros: zeros_like of v's), and constants of x's shape."""
+    def __init__(self):
+        super().__init__()
+        self.q_bias, self.v_bias = torch.nn.Parameter(torch.randn(6)), torch.nn.Parameter(
+            torch.randn(6))
+
+    def forward(self, x):
+        bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
+        return (x + bias) * torch.full_like(x, 2.5) - torch.ones_like(x)
+
+
+def test_constants_of_a_tensors_shape_are_the_starters_own(tmp_path):
+    from test_regions import captured
+    (region,) = captured(QkvBias(), torch.randn(3, 18))[0].values()
+    path = starter_for(region, tmp_path)
+    assert "tl.zeros_like(" in path.read_text()
+    verdict = judged(path)
+    assert verdict["correctness"] == "PASS", verdict["reason"]
