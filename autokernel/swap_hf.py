@@ -348,8 +348,8 @@ def _hf_packed_patches(masking, model):
 def gqa_patches(swap, model):
     """transformers hands SDPA grouped-query keys and values as they are (enable_gqa) only where
     no mask is passed; with a mask, as at every step over a static cache, it copies the whole
-    cache to every query head first (repeat_kv; eager transformers >= 5.2x folds the heads into
-    the query instead, but a compiled forward still copies). At Llama-3.2-1B's 4 query heads a
+    cache to every query head first (repeat_kv; transformers 5.23's eager step folds the heads
+    into the query instead, its compiled step still copies). At Llama-3.2-1B's 4 query heads a
     KV head that copy moves 5x the cache's bytes a layer and makes the attention read 4x them.
     decode_attention takes the KV heads as they are, so while it is active a decode step's mask
     (at most DECODE_MAX_QUERIES queries over a longer cache) answers "use enable_gqa"; a call
