@@ -351,17 +351,24 @@ def gqa_patches(swap, model):
     cache to every query head first (repeat_kv; transformers 5.23's eager step folds the heads
     into the query instead, its compiled step still copies). At Llama-3.2-1B's 4 query heads a
     KV head that copy moves 5x the cache's bytes a layer and makes the attention read 4x them.
-    decode_attention takes the KV heads as they are, so while it is active a decode step's mask
-    (at most DECODE_MAX_QUERIES queries over a longer cache) answers "use enable_gqa"; a call
-    the kernel then refuses still computes the same in torch (SDPA broadcasts the heads itself).
-    A prefill and any other call: the original decides."""
+    decode_attention takes the KV heads as they are, so while it is active a decode step's SDPA
+    gets them with enable_gqa (decode_gqa); a call the kernel then refuses still computes the
+    same in torch (SDPA broadcasts the heads itself)."""
+    return decode_gqa(lambda: swap.active("decode_attention"))
+
+
+def decode_gqa(enabled):
+    """[(transformers' SDPA integration, "use_gqa_in_sdpa", a check that answers yes for a decode
+    step's mask, at most DECODE_MAX_QUERIES queries over a longer cache, while enabled())], or
+    [] where transformers has no such check. A prefill and any other call: the original decides.
+    verify.py --generate also times torch.compile with it (the best it does with such a model)."""
     sdpa = sys.modules.get("transformers.integrations.sdpa_attention")
     original = getattr(sdpa, "use_gqa_in_sdpa", None)
     if not callable(original):
         return []
 
     def use_gqa_in_sdpa(attention_mask, *args, **kwargs):
-        if swap.active("decode_attention") and isinstance(attention_mask, torch.Tensor) \
+        if enabled() and isinstance(attention_mask, torch.Tensor) \
                 and attention_mask.dim() in (2, 4) \
                 and attention_mask.shape[-2] <= DECODE_MAX_QUERIES \
                 and attention_mask.shape[-2] < attention_mask.shape[-1]:

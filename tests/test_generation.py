@@ -259,3 +259,26 @@ def test_qkv_rotary_starter_splits_k_for_a_decode_steps_rows():
         got = qkv.kernel_fn(**inputs)
         bad, _ = kt.mismatches(got, kt.reference(**inputs), inputs)
         assert not bad.any(), variant
+
+
+def test_torch_compiles_decode_is_also_timed_with_the_caches_own_kv_heads(monkeypatch):
+    """A grouped-query model's torch.compile baseline runs twice: as transformers writes it (the
+    cache copied to every query head under a mask) and with SDPA given the cache's own KV heads;
+    the kernels are held to the faster. Both compute the original's logits."""
+    from autokernel.verify_decode import verify_generation
+    key_heads = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        key_heads.append((q.shape[2], k.shape[1]))
+        return sdpa(q, k, v, *args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    report = verify_generation(tiny_hf(kv_heads=2), [], 8, 3, 2, repeat=1,
+                               compile_backend="eager")
+    v = report["variants"]
+    assert list(v) == ["eager", "torch.compile", "torch.compile, grouped-query SDPA"]
+    assert all(e["correctness"]["passed"] for e in v.values()), v
+    assert report["compile_variant"] in ("torch.compile", "torch.compile, grouped-query SDPA")
+    # a decode step's keys: the 4 query heads' copies, and in the last variant the 2 KV heads
+    decode = [h for q, h in key_heads if q == 1]
+    assert 4 in decode and decode[-1] == 2, key_heads
