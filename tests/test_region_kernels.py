@@ -761,7 +761,7 @@ def test_a_gather_through_an_index_buffer_gets_a_kernel_that_reads_the_models_bu
     assert "_gather_" in path.read_text() and "self.index" in path.read_text()
     verdict = judged(path)
     assert verdict["correctness"] == "PASS", verdict["reason"]
-    swap, want, got = swapped(region, model, x, path)
+    swap, want, got = swapped(region, model, x, tmp_path, path)
     assert swap.calls["k"] == 2 and not swap.fallbacks["k"], dict(swap.fallbacks)
     assert torch.allclose(got, want, atol=1e-6)
 

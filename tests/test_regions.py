@@ -74,11 +74,18 @@ def captured_with(model, inputs):
     return found, out
 
 
-def swapped(region, model, x, path):
-    """The region kernel file at path plugged in where the region's instances are, as a plan
-    row names it: (the swap, the model's own output on x, its output with the kernel in)."""
+def swapped(region, model, x, tmp_path, path=None):
+    """The region kernel file at path (default: the starter of the region's reference, written
+    under tmp_path) plugged in where the region's instances are, as a plan row names it: (the
+    swap, the model's own output on x, its output with the kernel in)."""
+    from autokernel import region_starter
     from autokernel.kernel_call import Kernel
     from autokernel.swap import Swap
+    if path is None:
+        (tmp_path / "ref.py").write_text(region["reference"])
+        path = tmp_path / "k.py"
+        path.write_text(region_starter.starter_source(
+            tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
     kernel = Kernel("k", "region", path, load_module(path).ModelNew,
                     instances=region["instances"], plug=region["plug"], region_id=region["id"])
     swap = Swap([kernel])
@@ -287,7 +294,6 @@ def test_a_region_that_is_all_a_child_computes_is_plugged_in_at_that_child(tmp_p
     linears are kernel types): it is swapped in at the conv, the child whose forward it is (the
     permute after it left to the block's code), with the instance's own weights; the residual
     add is no module's whole forward."""
-    from autokernel import region_starter
     torch.manual_seed(0)
     model, x = nn.Sequential(ConvNeXtBlock(4), ConvNeXtBlock(4)).eval(), torch.randn(1, 4, 6, 6)
     found, _ = captured(model, x)
@@ -295,10 +301,7 @@ def test_a_region_that_is_all_a_child_computes_is_plugged_in_at_that_child(tmp_p
     assert conv["instances"] == ["0", "1"] and conv["plug"] == "dwconv"
     (residual,) = [r for r in found.values() if r["ops"] == ["add"]]
     assert residual["plug"] is None
-    (tmp_path / "ref.py").write_text(conv["reference"])
-    (tmp_path / "k.py").write_text(region_starter.starter_source(
-        tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
-    swap, want, got = swapped(conv, model, x, tmp_path / "k.py")
+    swap, want, got = swapped(conv, model, x, tmp_path)
     assert swap.calls["k"] == 2 and not swap.fallbacks["k"], swap.fallbacks
     assert torch.allclose(got, want, atol=1e-5)
 
@@ -372,15 +375,11 @@ def test_a_region_in_a_container_at_the_top_is_plugged_where_the_profile_cut_it(
     part of its forward: the graph swap, which traces the model with the model's own module on
     Dynamo's stack (the profile's trace has not), cuts the same region there and plugs the
     kernel in (once it cut the whole model as one region of another id: silently never run)."""
-    from autokernel import region_starter
     torch.manual_seed(0)
     model, x = trained_like(SequentialNet()).eval(), torch.randn(2, 3, 8, 8)
     found, _ = captured(model, x)
     (stem,) = [r for r in found.values() if r["ops"] == ["conv2d", "batch_norm", "hardtanh"]]
     assert stem["instances"] == ["features"] and stem["plug"] is None
-    (tmp_path / "ref.py").write_text(stem["reference"])
-    (tmp_path / "k.py").write_text(region_starter.starter_source(
-        tmp_path / "ref.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
-    swap, want, got = swapped(stem, model, x, tmp_path / "k.py")
+    swap, want, got = swapped(stem, model, x, tmp_path)
     assert swap.calls["k"] == 1 and not swap.fallbacks["k"], swap.fallbacks
     assert torch.allclose(got, want, atol=1e-5)
