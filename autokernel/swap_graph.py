@@ -75,7 +75,7 @@ from autokernel.matches import find_matches
 from autokernel.patching import applying, capturing, suspended
 from autokernel.patterns import PATTERNS
 from autokernel.regions import attribute_name, find_regions, module_path, packed_shapes
-from autokernel.swap_regions import disagreement, graph_call
+from autokernel.swap_regions import as_drawn, disagreement, graph_call
 from autokernel.swap_torch import attention_heads
 
 MAX_SIGNATURES = 4  # input signatures captured per model or instance; beyond: its own forward
@@ -335,12 +335,16 @@ def instance_forward(swap, module, original, path, ktypes, inner, lists, entry_p
             return refuse(f"inputs of more than {MAX_SIGNATURES} signatures: the rest run "
                           "its own forward", args, kwargs)
         why = _taken(swap, module, path, lists, names)
-        capture = why or _captured(module, key, args, kwargs, lists, entry_points, names)
-        if isinstance(capture, str):
-            return refuse(capture, args, kwargs)
         try:
-            run, plugged, left = _rewritten(swap, module, capture, ktypes,
-                                            (set(inner) | set(region_keys(swap))) - set(ktypes))
+            run, plugged, left = (None, why, []) if why else _plan(args, kwargs, key)
+            if _regions_missing(run, plugged, left) and not _contiguous((args, kwargs)):
+                # the profile cut its regions where the inputs came contiguous; a previous
+                # kernel may leave them in another layout (channels_last): this forward's graph
+                # on contiguous copies holds those regions, and runs on such copies
+                drawn = pytree.tree_map(as_drawn, (args, kwargs))
+                again = _plan(*drawn, _signature(module, *drawn))
+                if again[0] is not None and len(again[1]) > (len(plugged) if run else 0):
+                    run, plugged, left = _on_drawn(again[0]), again[1], again[2]
         except Exception as e:  # noqa: BLE001
             return refuse(f"its graph could not be rewritten ({describe(e, 160)})", args, kwargs)
         if run is None:
@@ -374,7 +378,33 @@ def instance_forward(swap, module, original, path, ktypes, inner, lists, entry_p
         if args is not None:
             return original(*args, **kwargs) if out is None else out
 
+    def _plan(args, kwargs, key):
+        """_rewritten's (run, plugged, left) for the graph of this signature, or (None, why,
+        []) where no graph can be captured."""
+        capture = _captured(module, key, args, kwargs, lists, entry_points, names)
+        if isinstance(capture, str):
+            return None, capture, []
+        return _rewritten(swap, module, capture, ktypes,
+                          (set(inner) | set(region_keys(swap))) - set(ktypes))
+
     return forward
+
+
+def _regions_missing(run, plugged, left):
+    """Whether a region wanted here is not in the graph as the profile cut it (_rewritten's
+    answer: plugged is why not where run is None)."""
+    if run is None:
+        return NOT_AS_CUT in plugged
+    return any(t.startswith(REGION) and why.startswith(NOT_AS_CUT) for t, why in left)
+
+
+def _contiguous(v):
+    return all(t.is_contiguous() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor))
+
+
+def _on_drawn(run):
+    """run, given contiguous copies of the tensor arguments (swap_regions.as_drawn)."""
+    return lambda args, kwargs: run(*pytree.tree_map(as_drawn, (args, kwargs)))
 
 
 def _taken(swap, module, path, lists, names):
@@ -438,6 +468,7 @@ def _disagreement(got, want):
 # ---------------------------------------------------------------------------------------------
 
 OUTPUT = object()  # a Capture's output leaf that the graph computes
+NOT_AS_CUT = "its region is not in the graph of this forward as the profile cut it"
 
 
 @dataclass
@@ -512,8 +543,7 @@ def _rewritten(swap, module, capture, ktypes, also=()):
              if (p.ktype if isinstance(p, Plug) else p[0]) in set(ktypes) | set(also)]
     left = [p for p in plugs if not isinstance(p, Plug) and p[0] in ktypes]
     plugs = [p for p in plugs if isinstance(p, Plug)]
-    left += [(t, "its region is not in the graph of this forward as the profile cut it (the "
-              "model's code or shapes differ from the profile's)")
+    left += [(t, NOT_AS_CUT + " (the model's code or shapes differ from the profile's)")
              for t in ktypes if t.startswith(REGION) and t not in {p.ktype for p in plugs}]
     if not plugs:
         return None, "; ".join(dict.fromkeys(why for _, why in left)) or \

@@ -383,3 +383,51 @@ def test_a_region_in_a_container_at_the_top_is_plugged_where_the_profile_cut_it(
     swap, want, got = swapped(stem, model, x, tmp_path)
     assert swap.calls["k"] == 1 and not swap.fallbacks["k"], swap.fallbacks
     assert torch.allclose(got, want, atol=1e-5)
+
+
+class Act(nn.Module):  # an activation module of the model's own code (transformers' SiLU's)
+    def forward(self, x):
+        return nn.functional.silu(x)
+
+
+class ConvNormAct(nn.Module):
+    """MobileViT's conv layer: conv and norm, then its activation as a child of its own."""
+    def __init__(self, c_in, c, act=True):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.act = Act() if act else None
+
+    def forward(self, x):
+        y = self.norm(self.conv(x))
+        return self.act(y) if self.act is not None else y
+
+
+def test_a_region_after_a_kernel_that_changed_the_layout_is_still_plugged(tmp_path):
+    """The first block's kernel (a starter: channels_last) hands the second block an input in
+    another layout than the profile saw; the second's region, part of its forward (the
+    activation is a module of its own), is cut from the graph of that forward on contiguous
+    copies of its inputs, as the profile cut it, and runs (it was left out: 'not in the graph
+    of this forward as the profile cut it')."""
+    from autokernel import region_starter
+    from autokernel.kernel_call import Kernel
+    from autokernel.swap import Swap
+    torch.manual_seed(0)
+    model = trained_like(nn.Sequential(ConvNormAct(4, 8, act=False), ConvNormAct(8, 8))).eval()
+    x = torch.randn(2, 4, 6, 6)
+    found, _ = captured(model, x)
+    kernels = []
+    for i, r in enumerate(r for r in found.values() if r["ops"] == ["conv2d", "batch_norm"]):
+        (tmp_path / f"ref{i}.py").write_text(r["reference"])
+        path = tmp_path / f"k{i}.py"
+        path.write_text(region_starter.starter_source(
+            tmp_path / f"ref{i}.py", {"doc": "", "contract": 'KERNEL_TYPE = "region"'}))
+        kernels.append(Kernel(f"k{i}", "region", path, load_module(path).ModelNew,
+                              instances=r["instances"], plug=r["plug"], region_id=r["id"]))
+    assert sorted(map(repr, (k.plug for k in kernels))) == ["''", "None"]
+    swap = Swap(kernels)
+    with torch.no_grad():
+        want = model(x)
+        with swap.installed(model):
+            got = model(x)
+    assert dict(swap.calls) == {"k0": 1, "k1": 1}, dict(swap.fallbacks)
+    assert torch.allclose(got, want, atol=1e-5)
