@@ -55,7 +55,7 @@ RUNTIME = {m: f"autokernel/{m}.py" for m in (
     "swap", "kernel_call", "weight_cache", "patching", "swap_torch", "swap_modules", "swap_hf",
     "ops", "cli", "recognize", "computed", "graph_capture", "matches", "fx_vocabulary",
     "mask_values", "patterns", "patterns_rotary", "fusion", "regions", "swap_regions",
-    "swap_graph")} | {
+    "swap_graph", "graph_trace")} | {
     "reference": "autokernel/reference.py"}
 SHIM = "kernel_types"  # the package's stand-in for every other name of AutoKernel
 SMOKE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

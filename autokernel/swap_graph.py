@@ -55,11 +55,9 @@ signature never checked eagerly runs the module's own forward. The model's captu
 kept per model and instance (weakly) across swaps: a second swap of the same model only
 rewrites and checks.
 """
-import ast
 import contextlib
 import copy
 import operator
-import types
 import weakref
 from dataclasses import dataclass
 
@@ -67,9 +65,9 @@ import torch
 from torch.fx import Graph, GraphModule
 from torch.utils import _pytree as pytree
 
+from autokernel import graph_trace
 from autokernel.cli import describe
 from autokernel.fx_vocabulary import VIEWS, mutates, through
-from autokernel.graph_capture import dynamo_quiet
 from autokernel.kernel_call import FLOAT_DTYPES, KernelFailure
 from autokernel.matches import find_matches
 from autokernel.patching import applying, capturing, suspended
@@ -270,7 +268,7 @@ def _discover(model, args, kwargs, lists, wanted):
     and regions ("region:<id>") in the model's forward on these inputs (cached per model, input
     signature and wanted), by the innermost module their nodes ran in (a region's: the module
     it was cut in). {} when it cannot tell."""
-    summary = _summary((args, kwargs))  # (the root's flag only: this runs at every forward)
+    summary = graph_trace.summary((args, kwargs))  # (the root's flag only: at every forward)
     key = None if summary is None else (summary, model.training)
     seen = _DISCOVERED.setdefault(model, {}).setdefault(frozenset(wanted), {})
     # A model whose first forward writes none of them out is not traced again for each new
@@ -297,7 +295,7 @@ def _discover(model, args, kwargs, lists, wanted):
 
     try:
         with suspended(*lists):
-            _trace(model, args, kwargs, backend, fullgraph=False)
+            graph_trace.trace(model, args, kwargs, backend, fullgraph=False)
     except Exception:  # noqa: BLE001  (a model Dynamo cannot run: nothing to plug by graph)
         return {}
     seen[key] = found
@@ -317,12 +315,12 @@ def instance_forward(swap, module, original, path, ktypes, inner, lists, entry_p
     plans = {}  # signature -> the rewritten forward, or None: the module's own
 
     def forward(*args, **kwargs):
-        key = _signature(module, args, kwargs)
+        key = graph_trace.signature(module, args, kwargs)
         run = plans.get(key) if key is not None else None
         if run is not None:
             return run(args, kwargs)
         if key is None:
-            key = ("an argument of another kind", _odd_argument((args, kwargs)))
+            key = ("an argument of another kind", graph_trace.odd_argument((args, kwargs)))
             if key not in plans and not capturing():
                 plans[key] = None
                 refuse(f"an argument of type {key[1]}: a graph is captured for tensors, "
@@ -342,7 +340,7 @@ def instance_forward(swap, module, original, path, ktypes, inner, lists, entry_p
                 # kernel may leave them in another layout (channels_last): this forward's graph
                 # on contiguous copies holds those regions, and runs on such copies
                 drawn = pytree.tree_map(as_drawn, (args, kwargs))
-                again = _plan(*drawn, _signature(module, *drawn))
+                again = _plan(*drawn, graph_trace.signature(module, *drawn))
                 if again[0] is not None and len(again[1]) > (len(plugged) if run else 0):
                     run, plugged, left = _on_drawn(again[0]), again[1], again[2]
         except Exception as e:  # noqa: BLE001
@@ -497,16 +495,16 @@ def _capture(module, args, kwargs, entry_points, names):
     graphs = []
 
     def backend(gm, example_inputs):  # Dynamo drops the inputs' sources once it is done
-        sources = [_steps(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        sources = [graph_trace.steps(n) for n in gm.graph.nodes if n.op == "placeholder"]
         graphs.append((gm, list(example_inputs), sources))
         return gm.forward
 
-    before = _attributes(module)
+    before = graph_trace.attributes(module)
     try:
-        result = _trace(module, args, kwargs, backend, fullgraph=True)
+        result = graph_trace.trace(module, args, kwargs, backend, fullgraph=True)
     except Exception as e:  # noqa: BLE001
         return f"its forward does not trace as one graph ({describe(e, 160)})"
-    if _attributes(module) != before:
+    if graph_trace.attributes(module) != before:
         return "its forward sets module attributes, which a graph would not"
     gm, example, sources = graphs[-1]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -592,7 +590,7 @@ def _rewritten(swap, module, capture, ktypes, also=()):
 
     def run(args, kwargs):
         scope = {"module": module, "args": args, "kwargs": kwargs}
-        outs = iter(gm(*[_read(steps, scope) for steps in sources]))
+        outs = iter(gm(*[graph_trace.read(steps, scope) for steps in sources]))
         return pytree.tree_unflatten([next(outs) if v is OUTPUT else v for v in leaves], spec)
     return run, sorted({p.ktype for p in plugs}), left
 
@@ -616,103 +614,3 @@ def _looked_up(owner, attr):
         return getattr(owner, attr)(*args, **kwargs)
     call.__name__ = attr
     return call
-
-
-def _trace(module, args, kwargs, backend, fullgraph):
-    """module(*args, **kwargs) under Dynamo with `backend`. Each trace gets a code object of its
-    own: Dynamo's caches are per code object, and a shared one would fill up after a few
-    instances (Dynamo then stops tracing it)."""
-    entry = types.FunctionType(_enter.__code__.replace(), _enter.__globals__, "graph_swap")
-    with dynamo_quiet(), _no_function_modes():
-        return torch.compile(entry, backend=backend, fullgraph=fullgraph,
-                             dynamic=False)(module, args, kwargs)
-
-
-@contextlib.contextmanager
-def _no_function_modes():
-    """The torch function modes around the forward (verify's recorder of the loss's input, say)
-    off while it is traced: Dynamo would trace their handlers too, which can split the graph at
-    every torch call; the graph is the model's computation, which runs under them again."""
-    modes = []
-    while torch._C._len_torch_function_stack() > 0:
-        modes.append(torch._C._pop_torch_function_stack())
-    try:
-        yield
-    finally:
-        for mode in reversed(modes):
-            torch._C._push_on_torch_function_stack(mode)
-
-
-def _enter(module, args, kwargs):
-    return module(*args, **kwargs)
-
-
-def _steps(placeholder):
-    """Where a graph input comes from, as steps from _enter's arguments: Dynamo's source name
-    ("L['module']._modules['attn']._parameters['weight']", "L['args'][0]") read as
-    [("item", "module"), ("attr", "_modules"), ("item", "attn"), ...]; None if it is not
-    such a chain (a global, a computed value)."""
-    source = getattr(placeholder.meta.get("grapharg"), "source", None)
-    name = getattr(source, "name", None)
-    name = name() if callable(name) else name
-    try:
-        node = ast.parse(name, mode="eval").body
-    except (SyntaxError, TypeError, ValueError):
-        return None
-    steps = []
-    while not (isinstance(node, ast.Name) and node.id == "L"):
-        if isinstance(node, ast.Attribute):
-            steps.append(("attr", node.attr))
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            steps.append(("item", node.slice.value))
-        else:
-            return None
-        node = node.value
-    steps.reverse()
-    return steps if steps and steps[0] in (("item", "module"), ("item", "args"),
-                                           ("item", "kwargs")) else None
-
-
-def _read(steps, value):
-    for kind, key in steps:
-        value = getattr(value, key) if kind == "attr" else value[key]
-    return value
-
-
-def _signature(module, args, kwargs):
-    """What a captured graph was specialized to, hashable: each tensor argument's shape,
-    strides, dtype and device, the other arguments' values, the modules' train/eval flags;
-    None for an argument of another kind (the module's own forward then)."""
-    leaves = _summary((args, kwargs))
-    if leaves is None:
-        return None
-    return leaves, tuple(m.training for m in module.modules())
-
-
-def _summary(v):
-    if isinstance(v, torch.Tensor):
-        return ("tensor", tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad)
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return (type(v).__name__, v)
-    if isinstance(v, (tuple, list)):
-        items = tuple(_summary(x) for x in v)
-        return None if None in items else (type(v).__name__, items)
-    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
-        items = tuple((k, _summary(x)) for k, x in v.items())
-        return None if any(s is None for _, s in items) else ("dict", items)
-    return None
-
-
-def _odd_argument(v):
-    """The type name of the first argument _summary cannot summarize."""
-    if isinstance(v, (tuple, list)):
-        return next((t for t in map(_odd_argument, v) if t), None)
-    if isinstance(v, dict):
-        return next((t for t in map(_odd_argument, v.values()) if t), None)
-    return None if _summary(v) is not None else type(v).__name__
-
-
-def _attributes(module):
-    """The modules' attributes by identity (tensors in _parameters/_buffers are not here)."""
-    return [(id(m), {k: id(v) for k, v in vars(m).items() if k != "forward"})
-            for m in module.modules()]
