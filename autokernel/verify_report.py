@@ -150,6 +150,8 @@ def print_report(r):
               f"{'PASS' if c['passed'] else 'FAIL'}")
     else:
         print(f"correctness: FAIL ({c.get('error')})")
+    if c.get("note"):
+        print(f"warning: {c['note']}")
     for e in r["kernels"]:
         a = e["alone"]
         if a is None:

@@ -803,3 +803,12 @@ def test_best_variant_is_the_fastest_whose_outputs_were_compared_and_match():
     assert best(gainers_ms=2.0) == ("kernels", 0.8)  # never compared: no candidate
     assert best(compile_kernels_ms=3.2, compile_kernels_correctness=ok,
                 compile_gainers_ms=1.0, compile_gainers_correctness=bad) == ("compile_kernels", 1.25)
+
+
+def test_a_constant_original_output_is_called_out():
+    """A model whose outputs are all one value (a random init that zeroes them) matches any
+    kernel's; the comparison passes, but says it could not tell."""
+    from autokernel.endtoend import compare
+    flat = compare(torch.zeros(2, 10), torch.zeros(2, 10))
+    assert flat["passed"] and "constant (0 everywhere)" in flat["note"]
+    assert "note" not in compare(torch.eye(3), torch.eye(3))
