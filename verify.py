@@ -48,6 +48,7 @@ def main(argv=None):
 
 def _verify(argv):
     args = build_parser().parse_args(argv)
+    args.plan_given, args.plan = args.plan is not None, args.plan or str(autokernel.PLAN_JSON)
     if args.kernels and args.starters:
         raise UsageError("pass either --kernels or --starters, not both")
     if args.warmup is not None and args.warmup < 0 or args.repeat is not None \
@@ -119,7 +120,8 @@ def build_parser():
                            "with its flags, workspace/profile.json's for --kernels and "
                            "--starters; the defaults below apply without one)")
     src = parser.add_argument_group("kernels (default: workspace/plan.json)")
-    src.add_argument("--plan", default=str(autokernel.PLAN_JSON), help="extract.py's plan")
+    src.add_argument("--plan", help="extract.py's plan (default: workspace/plan.json); with "
+                     "--kernels, the plan those files come from (their model, their regions)")
     src.add_argument("--kernels", help="explicit kernel files, comma-separated")
     src.add_argument("--starters", action="store_true",
                      help="the kernels/*.py starters (kernels/cuda/*.py with --backend cuda) "
@@ -180,7 +182,8 @@ def profile_path(args):
     """The profile the kernels come from: the one plan.json names (extract.py --profile) when
     they are the plan's, else workspace/profile.json. A path recorded relative is taken from
     the current directory, else from the repo's root."""
-    named = None if args.kernels or args.starters else read_plan(args.plan).get("profile")
+    from_plan = not args.starters and (not args.kernels or args.plan_given)
+    named = read_plan(args.plan).get("profile") if from_plan else None
     if not named:
         return autokernel.PROFILE_JSON
     path = Path(named)

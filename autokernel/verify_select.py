@@ -66,28 +66,36 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, 
     return Kernel(name, declared, path, module.kernel_fn, [tuple(s) for s in shapes], optional)
 
 
+def _plan_specs(path):
+    """The plan's kernel files as specs, each with its name, type, shapes and region."""
+    if not Path(path).exists():
+        raise UsageError(f"no {rel(path)}: run extract.py first, or pass --kernels "
+                         "FILE[,FILE] or --starters")
+    kernels = plan_kernels(read_plan(path))
+    regions = {name: k.get("region") or {} for name, k in kernels.items()}
+    return [(k["file"], name, k["kernel_type"], k.get("shapes"), False,
+             regions[name].get("instances"), regions[name].get("plug"), regions[name].get("id"))
+            for name, k in kernels.items()]
+
+
 def kernel_specs(args):
-    """The kernel files to plug in, from --kernels, --starters or workspace/plan.json (in that
-    order of precedence), none imported yet. -> ([(path, name, kernel_type, shapes, optional)],
+    """The kernel files to plug in, from --kernels (each as --plan names it, where --plan is
+    given too), --starters or workspace/plan.json (in that order of precedence), none imported
+    yet. -> ([(path, name, kernel_type, shapes, optional)],
     results.tsv's rows for the plan's kept-version check, or None)."""
     rows = None
     if args.kernels:
         specs = [(p.strip(), None, None, None, False) for p in args.kernels.split(",")
                  if p.strip()]
+        if getattr(args, "plan_given", False):  # these files as the plan names them
+            planned = {Path(spec[0]).resolve(): spec for spec in _plan_specs(args.plan)}
+            specs = [planned.get(Path(spec[0]).resolve(), spec) for spec in specs]
     elif args.starters:
         files = sorted(p for p in glob.glob(str(autokernel.starters_dir(args.backend) / "*.py"))
                        if not Path(p).name.startswith("_"))
         specs = [(p, None, None, None, True) for p in files]
     else:
-        if not Path(args.plan).exists():
-            raise UsageError(f"no {rel(args.plan)}: run extract.py first, or pass --kernels "
-                             "FILE[,FILE] or --starters")
-        plan = read_plan(args.plan)
-        regions = {name: k.get("region") or {} for name, k in plan_kernels(plan).items()}
-        specs = [(k["file"], name, k["kernel_type"], k.get("shapes"), False,
-                  regions[name].get("instances"), regions[name].get("plug"),
-                  regions[name].get("id"))
-                 for name, k in plan_kernels(plan).items()]
+        specs, plan = _plan_specs(args.plan), read_plan(args.plan)
         rows = None if args.no_regate else read_rows(args.results)
         for line in unplaced_keeps(plan, rows or []):
             print(line)

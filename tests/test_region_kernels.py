@@ -317,6 +317,18 @@ def test_verify_plugs_every_region_in_whole_forwards_and_parts_of_them(extracted
     assert report["passed"] and "verdict: PASS" in out, out[-2000:]
 
 
+def test_kernels_named_beside_their_plan_run_on_its_model_as_it_names_them(extracted):
+    """verify.py --plan P --kernels F: F as P names it (its region's instances), on the model
+    P's profile recorded (it took the default model, the shipped LLaMA, where F never ran)."""
+    work, plan, _ = extracted
+    mlp = next(k for k in plan["kernels"] if k["name"].startswith("gelumlp_"))
+    cli("verify.py", "--plan", str(work / "plan.json"), "--kernels", mlp["file"], "--no-timing",
+        "--no-regate", "--out", str(work / "verify_one.json"))
+    report = json.loads((work / "verify_one.json").read_text())
+    assert [(k["name"], k["status"], k["calls"]) for k in report["kernels"]] == \
+        [(mlp["name"], "ok", 1)] and report["passed"], report["kernels"]
+
+
 def test_a_region_kernel_named_alone_is_found_by_its_region(extracted):
     """A region kernel loaded without a plan (`verify.py --kernels FILE`): the region's id,
     from its reference's file name, finds every place the model computes it."""
