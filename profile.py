@@ -167,8 +167,10 @@ def _profile(argv):
     print(f"\nwrote {args.output}")
     if args.export_trace:
         print(f"wrote {args.export_trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
-    moved = "" if Path(args.output).resolve() == autokernel.PROFILE_JSON.resolve() else \
-        f" --profile {args.output}"
+    out = Path(args.output)
+    moved = "" if out.resolve() == autokernel.PROFILE_JSON.resolve() else f" --profile {out}"
+    if moved and out.parent.resolve() not in (Path.cwd(), autokernel.ROOT):
+        moved += f" --workspace {out.parent}"  # the kernel files beside their profile
     print(f"next: uv run extract.py --top 5{moved}   (the top bottlenecks as kernel files + "
           f"plan.json)")
     return 0

@@ -18,8 +18,8 @@ profile the plan was extracted from (plan.json's "profile": extract.py --profile
 and --starters, workspace/profile.json) are reused. Kernels come from workspace/plan.json, from
 --kernels FILE[,FILE], or from --starters; each file's correctness is checked by the gate again
 before it is plugged in (autokernel/verify_select.py says which files and how). The run, its
-correctness check and its timings: autokernel/verify_run.py. The report, workspace/verify.json
-(--out to change), its schema and printing: autokernel/verify_report.py.
+correctness check and its timings: autokernel/verify_run.py. The report, verify.json beside the
+plan (--out to change), its schema and printing: autokernel/verify_report.py.
 
 Exit status: 0 all kernels ran and the outputs match; 1 a kernel never ran, crashed, or the
 outputs mismatch; 2 usage errors (bad flags, missing files).
@@ -49,6 +49,8 @@ def main(argv=None):
 def _verify(argv):
     args = build_parser().parse_args(argv)
     args.plan_given, args.plan = args.plan is not None, args.plan or str(autokernel.PLAN_JSON)
+    args.out = args.out or str(Path(args.plan).with_name("verify.json") if args.plan_given
+                               else autokernel.VERIFY_JSON)
     if args.kernels and args.starters:
         raise UsageError("pass either --kernels or --starters, not both")
     if args.warmup is not None and args.warmup < 0 or args.repeat is not None \
@@ -158,7 +160,8 @@ def build_parser():
                         "per-launch host cost that makes small forwards launch-bound")
     parser.add_argument("--weight-layout", choices=("copy", "view"), default="copy",
                         help="matmul B operand: contiguous W.t() copy (default) or strided view")
-    parser.add_argument("--out", default=str(autokernel.VERIFY_JSON), help="report JSON path")
+    parser.add_argument("--out", help="report JSON path (default: verify.json beside --plan, "
+                        "workspace/verify.json without one)")
     return parser
 
 
