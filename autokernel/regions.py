@@ -63,6 +63,12 @@ class Region(Match):
         return self.note
 
 
+# Modules of these packages are library layers, not the model's own code: their calls belong to
+# the module that calls them (transformers' activation modules, ACT2FN's, as torch.nn's SiLU:
+# a conv, its norm and its activation are one region, one fused kernel).
+LIBRARY_MODULES = ("torch.nn", "transformers.activations")
+
+
 def owner_of(node, modules=None):
     """(path, class name) of the innermost module of the model's own code a call ran in (a
     container inside it is part of it: a ResNet block's downsample Sequential), else of the
@@ -77,7 +83,7 @@ def owner_of(node, modules=None):
     for key, (path, cls) in reversed(list((node.meta.get("nn_module_stack") or {}).items())):
         if not isinstance(cls, type) or (modules or {}).get(key) == "":
             continue
-        if not cls.__module__.startswith("torch.nn"):
+        if not cls.__module__.startswith(LIBRARY_MODULES):
             return (modules or {}).get(key, module_path(path)), cls.__name__
         if container[0] is None and issubclass(cls, CONTAINERS):
             container = (modules or {}).get(key, module_path(path)), cls.__name__

@@ -3,6 +3,7 @@ per module into convex pieces, grouped by what they compute, profiled, and writt
 reference files that compute what the model computes."""
 import json
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -431,3 +432,24 @@ def test_a_region_after_a_kernel_that_changed_the_layout_is_still_plugged(tmp_pa
             got = model(x)
     assert dict(swap.calls) == {"k0": 1, "k1": 1}, dict(swap.fallbacks)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_transformers_activation_module_is_its_callers_as_torch_nn_s_are():
+    """MobileViT's conv layer calls its activation as a module of transformers' (ACT2FN): like
+    torch.nn's, that module is a library layer, so conv, norm and activation are one region of
+    the layer (one fused kernel, the layer's whole forward), not two."""
+    activations = pytest.importorskip("transformers.activations")
+
+    class ConvLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+            self.activation = activations.ACT2FN["silu"]
+
+        def forward(self, x):
+            return self.activation(self.norm(self.conv(x)))
+    found, _ = captured(trained_like(nn.Sequential(ConvLayer(), ConvLayer())).eval(),
+                        torch.randn(2, 4, 6, 6))
+    (layer,) = found.values()
+    assert layer["ops"] == ["conv2d", "batch_norm", "silu"] and layer["plug"] == "", layer
+    assert layer["instances"] == ["0", "1"]
