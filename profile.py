@@ -470,6 +470,14 @@ def profile_model(model, inputs, device, dtype, warmup, iters, trace=None, descr
 # Report
 # ---------------------------------------------------------------------------------------------
 
+def _cell(name, width):
+    """name cut to width, a region's id kept whole: the id is what its kernel file names."""
+    if len(name) <= width or ":r" not in name:
+        return name[:width]
+    label, rid = name.rsplit(":", 1)
+    return f"{label[:width - len(rid) - 2]}~:{rid}"
+
+
 def _us(t):
     return f"{t / 1000:.2f} ms" if t >= 1000 else f"{t:.1f} us"
 
@@ -519,7 +527,7 @@ def print_report(result, top):
         if e.get("region"):  # what it computes, after its first input's shape
             ops = e["region"]["ops"]
             more = ": " + " ".join(ops[:6]) + (f" (+{len(ops) - 6} ops)" if len(ops) > 6 else "")
-        print(f"{i:>3}  {e['name'][:34]:<34} {e['group']:<16} {e['kernel_type'] or '-':<17} "
+        print(f"{i:>3}  {_cell(e['name'], 34):<34} {e['group']:<16} {e['kernel_type'] or '-':<17} "
               f"{_us(e['time_us']):>10} {100 * e['share']:>5.1f}% {e['calls']:>6g} "
               f"{e['bound']:<8} {roof:>8} {amdahl:>7}  {shape}{more}")
     if len(r["entries"]) > top:
