@@ -23,6 +23,8 @@ CASTS = {"to", "float", "half", "bfloat16", "double", "type", "type_as", "contig
 VIEWS = CASTS | {"view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand",
                  "expand_as", "flatten", "unflatten", "view_as", "t", "getitem",
                  "repeat_interleave"}
+DROPOUTS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+            "feature_alpha_dropout"}
 RANDOM = {"dropout", "rand", "randn", "randint", "rand_like", "randn_like", "bernoulli",
           "multinomial", "normal"}
 HEAVY = {"linear", "matmul", "bmm", "mm", "addmm", "baddbmm", "einsum", "conv1d", "conv2d",
@@ -38,6 +40,13 @@ def op(n):
     if name.endswith("_") and not name.endswith("__"):
         name = name[:-1]
     return ALIASES.get(name, name)
+
+
+def passes_through(n):
+    """A dropout that hands its input back: in eval mode (training=False) or with p = 0."""
+    name = op(n)
+    return name in DROPOUTS and not (arg(n, 2, "training", "alpha" not in name)
+                                      and arg(n, 1, "p", 0.5))
 
 
 def mutates(n):

@@ -6,6 +6,7 @@ arguments, as the starter's _Args reads them, giving the expression).
 """
 import math
 
+from autokernel.fx_vocabulary import DROPOUTS  # identities in eval mode
 from autokernel.region_special import StarterError
 
 LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
@@ -13,8 +14,6 @@ LIBRARY = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
 VIEWS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "unsqueeze",
          "squeeze", "expand", "expand_as", "view_as", "getitem", "size", "unfold",
          "chunk", "split", "unbind", "narrow", "select"}
-DROPOUTS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-            "feature_alpha_dropout"}  # identities in eval mode
 SAME = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as",
         *DROPOUTS}  # in fp32 compute: the value itself
 NORMS = {"batch_norm", "group_norm", "instance_norm"}  # per-channel operands along dim 1

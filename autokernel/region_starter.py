@@ -47,8 +47,8 @@ from torch.fx.node import map_arg
 from torch.fx.passes.shape_prop import ShapeProp
 
 from autokernel.contract import load_module
-from autokernel.fx_vocabulary import arg, op
-from autokernel.region_ops import (CAST_METHODS, COMPARISONS, DROPOUTS, ELEMENTWISE, LIBRARY,
+from autokernel.fx_vocabulary import DROPOUTS, arg, op, passes_through
+from autokernel.region_ops import (CAST_METHODS, COMPARISONS, ELEMENTWISE, LIBRARY,
                                    NORMS, VIEWS, literal)
 from autokernel.region_special import (NHWC_INIT, RELAYOUT, SPECIAL, TO_LAYOUT,
                                        StarterError, allocation, contiguous, dense, index_expr,
@@ -71,7 +71,7 @@ def kind_of(n):
         return "special"
     if name in VIEWS:
         return "view"
-    if name in DROPOUTS and arg(n, 2, "training", "alpha" not in name) and arg(n, 1, "p", 0.5):
+    if name in DROPOUTS and not passes_through(n):
         raise StarterError(f"{name} in training mode")
     if name in ("min", "max", "prod", "logsumexp", "var", "std", "norm", "cumsum") and \
             not isinstance(arg(n, 1, "other"), Node):  # torch.min(x, y) is elementwise

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
 
-from autokernel.fx_vocabulary import CASTS, VIEWS, op
+from autokernel.fx_vocabulary import CASTS, VIEWS, op, passes_through
 from autokernel.matches import Match, _movable, module_stack
 from autokernel.recognize import OP_TABLE, REGION
 
@@ -145,8 +145,9 @@ def find_regions(gm, matches, root="forward", modules=None):
     kept = []
     for r in [part for r in regions for part in _connected(r, gm.graph)]:
         _drop_passing_views(r, gm.graph)
-        if all(op(n) in VIEWS - CASTS for n in r.nodes) or not _movable(r, gm.graph):
-            continue
+        if all(op(n) in VIEWS - CASTS or passes_through(n) for n in r.nodes) \
+                or not _movable(r, gm.graph):
+            continue  # computes nothing (an eval-mode dropout's copy would be all its kernel)
         _plug(r, gm.graph, modules)
         _seal(r, gm.graph)
         kept.append(r)

@@ -453,3 +453,22 @@ def test_a_transformers_activation_module_is_its_callers_as_torch_nn_s_are():
     (layer,) = found.values()
     assert layer["ops"] == ["conv2d", "batch_norm", "silu"] and layer["plug"] == "", layer
     assert layer["instances"] == ["0", "1"]
+
+
+class Drop(nn.Module):  # SegFormer's MLP ends in a dropout of its own module
+    def forward(self, x):
+        return nn.functional.dropout(x, 0.1, self.training)
+
+
+def test_an_eval_mode_dropout_alone_is_no_region():
+    """In eval a dropout hands its input back: alone in its module it computes nothing, so it
+    is no region (its kernel would be a copy); inside a region it is the identity there."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop, self.tail = Drop(), Drop()
+
+        def forward(self, x):
+            return self.tail(torch.sigmoid(self.drop(x)) * 2)
+    found, _ = captured(Net().eval(), torch.randn(2, 8))
+    assert sorted(r["ops"] for r in found.values()) == [["sigmoid", "mul"]], found
