@@ -47,6 +47,9 @@ another rule swaps at module level (the graph would run that submodule's own cod
 kernel); a computation whose inner values the instance's forward reads elsewhere (attention
 probabilities it returns). A region kernel that replaces the forward of the instance or of a
 submodule of it is plugged into the graph where the graph holds its region, else gives way.
+Where a previous kernel left an input in another layout than the profile saw (a starter's
+channels_last), the graph as it comes is cut into other regions; the forward's graph on
+contiguous copies of its inputs is then the one rewritten, and run on such copies.
 
 Inside torch.compile (a compiled swap: verify.py runs the model once eagerly inside the swap,
 which checks each instance, then compiles it): Dynamo traces the replaced forward, finds the
