@@ -133,15 +133,16 @@ def outputs_verdict(c):
 def print_report(r):
     print(f"model: {r['model']}")
     print(f"device: {r['device']}  dtype: {r['dtype']}")
-    print(f"{'kernel':<22} {'type':<17} {'calls':>6}  {'status':<10} shapes / file")
+    w = max([22] + [len(e["name"]) for e in r["kernels"]])  # a region's name can be long
+    print(f"{'kernel':<{w}} {'type':<17} {'calls':>6}  {'status':<10} shapes / file")
     for e in r["kernels"]:
         shapes = ", ".join(e["shapes"][:4]) + (" ..." if len(e["shapes"]) > 4 else "")
-        print(f"{e['name']:<22} {e['kernel_type']:<17} {e['calls']:>6}  {e['status']:<10} "
+        print(f"{e['name']:<{w}} {e['kernel_type']:<17} {e['calls']:>6}  {e['status']:<10} "
               f"{shapes or '-'}  [{e['file']}]")
         extra = [f"fallback {n}x: {why}" for why, n in e["fallbacks"].items()] + \
                 [f"{n} module(s) {why}" for why, n in e["skipped"].items()] + e["notes"]
         for line in extra:
-            print(f"{'':<24}{line}")
+            print(f"{'':<{w + 2}}{line}")
     c = r["correctness"]
     if c.get("rel_err") is not None:
         print(f"correctness: {c['output']} {tuple(c['shape'])} max abs err {_g(c['max_abs_err'])}, "
