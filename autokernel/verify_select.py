@@ -67,15 +67,17 @@ def load_kernel(path, name=None, kernel_type=None, shapes=None, optional=False, 
 
 
 def _plan_specs(path):
-    """The plan's kernel files as specs, each with its name, type, shapes and region."""
+    """(the plan's kernel files as specs, each with its name, type, shapes and region; the
+    plan)."""
     if not Path(path).exists():
         raise UsageError(f"no {rel(path)}: run extract.py first, or pass --kernels "
                          "FILE[,FILE] or --starters")
-    kernels = plan_kernels(read_plan(path))
+    plan = read_plan(path)
+    kernels = plan_kernels(plan)
     regions = {name: k.get("region") or {} for name, k in kernels.items()}
     return [(k["file"], name, k["kernel_type"], k.get("shapes"), False,
              regions[name].get("instances"), regions[name].get("plug"), regions[name].get("id"))
-            for name, k in kernels.items()]
+            for name, k in kernels.items()], plan
 
 
 def kernel_specs(args):
@@ -88,14 +90,14 @@ def kernel_specs(args):
         specs = [(p.strip(), None, None, None, False) for p in args.kernels.split(",")
                  if p.strip()]
         if getattr(args, "plan_given", False):  # these files as the plan names them
-            planned = {Path(spec[0]).resolve(): spec for spec in _plan_specs(args.plan)}
+            planned = {Path(spec[0]).resolve(): spec for spec in _plan_specs(args.plan)[0]}
             specs = [planned.get(Path(spec[0]).resolve(), spec) for spec in specs]
     elif args.starters:
         files = sorted(p for p in glob.glob(str(autokernel.starters_dir(args.backend) / "*.py"))
                        if not Path(p).name.startswith("_"))
         specs = [(p, None, None, None, True) for p in files]
     else:
-        specs, plan = _plan_specs(args.plan), read_plan(args.plan)
+        specs, plan = _plan_specs(args.plan)
         rows = None if args.no_regate else read_rows(args.results)
         for line in unplaced_keeps(plan, rows or []):
             print(line)
